@@ -1,0 +1,143 @@
+"""The one configuration tree.
+
+Sources, highest priority first: explicit overrides, ``SIDECAR_<SECTION>__<FIELD>`` environment
+variables, the YAML file (``--config`` or ``SIDECAR_CONFIG_FILE``), defaults. Every section is a
+frozen pydantic model with ``extra="forbid"``: a typo is an error, not a silently ignored key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from sidecar.clustering.config import ClusteringConfig
+from sidecar.errors import ConfigError
+from sidecar.scoring.config import ScoringConfig
+from sidecar.source.config import KafkaConfig
+from sidecar.state.config import StateConfig
+from sidecar.telemetry.config import HttpConfig, LoggingConfig
+
+CONFIG_FILE_ENV = "SIDECAR_CONFIG_FILE"
+MAX_CONFIG_FILE_BYTES = 1_048_576
+MASK = "**********"
+
+
+class SidecarConfig(BaseSettings):
+    """Everything the sidecar can be told. See the README's configuration reference."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SIDECAR_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+        case_sensitive=False,
+    )
+
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)  # type: ignore[arg-type]
+    state: StateConfig = Field(default_factory=StateConfig)  # type: ignore[arg-type]
+    http: HttpConfig = Field(default_factory=HttpConfig)  # type: ignore[arg-type]
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)  # type: ignore[arg-type]
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)  # type: ignore[arg-type]
+    clustering: ClusteringConfig = Field(default_factory=ClusteringConfig)  # type: ignore[arg-type]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only init (which carries the parsed YAML, merged under explicit overrides) and env:
+        # no dotenv, no secrets dir, so nothing is read from places the operator did not name.
+        return (env_settings, init_settings)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    if size > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError(f"config file {path} is {size} bytes; the limit is {MAX_CONFIG_FILE_BYTES}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid UTF-8") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at top level, not {type(data).__name__}")
+    return data
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem: dotted location, what is wrong, the env var that sets it."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        env = "SIDECAR_" + "__".join(str(p).upper() for p in err["loc"])
+        lines.append(f"  {loc}: {err['msg']} (env {env})")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> SidecarConfig:
+    """Build the effective configuration or raise :class:`ConfigError` with every problem listed."""
+    if path is None and os.environ.get(CONFIG_FILE_ENV):
+        path = Path(os.environ[CONFIG_FILE_ENV])
+    data = _read_yaml(path) if path is not None else {}
+    if overrides:
+        data = _deep_merge(data, overrides)
+    try:
+        return SidecarConfig(**data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from exc
+
+
+def _mask(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return MASK if value.get_secret_value() else ""
+    if isinstance(value, dict):
+        return {k: _mask(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mask(v) for v in value]
+    return value
+
+
+def masked_dict(config: SidecarConfig) -> dict[str, Any]:
+    """The effective configuration as plain data with every secret replaced by a mask."""
+    raw = config.model_dump(mode="python")
+    return {k: _mask(v) for k, v in raw.items()}
+
+
+def dump_yaml(config: SidecarConfig) -> str:
+    """``config show`` output: YAML, secrets masked."""
+    return yaml.safe_dump(masked_dict(config), sort_keys=False)
+
+
+__all__ = [
+    "ConfigDict",
+    "SidecarConfig",
+    "dump_yaml",
+    "format_validation_error",
+    "load_config",
+    "masked_dict",
+]

@@ -1,0 +1,69 @@
+"""Kafka source configuration."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+
+class KafkaConfig(BaseModel):
+    """Where conversation events come from and where results and rejects go."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: str = Field(
+        "localhost:9092", min_length=1, description="Comma-separated host:port list of Kafka brokers."
+    )
+    topic: str = Field("agent.conversations", min_length=1, max_length=249,
+                       description="Topic carrying conversation events (event contract v1).")
+    group_id: str = Field("llm-agent-sidecar", min_length=1, description="Consumer group id.")
+    client_id: str = Field("llm-agent-sidecar", min_length=1)
+    dead_letter_topic: str = Field(
+        "agent.conversations.dlq", min_length=1, max_length=249,
+        description="Rejected records go here, value untouched, the reason in headers.",
+    )
+    results_topic: str = Field(
+        "agent.conversations.sidecar-results", min_length=1, max_length=249,
+        description="One record per hook outcome; also the exactly-once journal read back on restart.",
+    )
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    max_record_bytes: int = Field(
+        1_048_576, ge=1024, le=100 * 1_048_576,
+        description="Records with a larger value are dead-lettered as 'oversized'.",
+    )
+    fetch_max_records: int = Field(500, ge=1, le=100_000, description="Records per poll.")
+    partition_queue_batches: int = Field(
+        4, ge=1, le=1000,
+        description="Fetched batches buffered per partition before the partition is paused.",
+    )
+    max_pending_effects_per_partition: int = Field(
+        256, ge=1, le=1_000_000,
+        description="Hook calls in flight per partition before the partition stops reading.",
+    )
+    commit_interval_seconds: float = Field(1.0, gt=0, le=300)
+    session_timeout_ms: int = Field(45_000, ge=6_000, le=1_800_000)
+    heartbeat_interval_ms: int = Field(3_000, ge=100, le=60_000)
+    max_poll_interval_ms: int = Field(300_000, ge=10_000, le=3_600_000)
+    request_timeout_ms: int = Field(40_000, ge=1_000, le=600_000)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> KafkaConfig:
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be at most a third of session_timeout_ms")
+        if self.security_protocol.startswith("SASL"):
+            if self.sasl_mechanism is None or not self.sasl_username or self.sasl_password is None:
+                raise ValueError(
+                    f"security_protocol={self.security_protocol} needs sasl_mechanism, "
+                    "sasl_username and sasl_password"
+                )
+        if len({self.topic, self.dead_letter_topic, self.results_topic}) != 3:
+            raise ValueError("topic, dead_letter_topic and results_topic must be three different topics")
+        return self

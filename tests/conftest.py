@@ -1,0 +1,5 @@
+"""Suite-wide fixtures and plugins."""
+
+from __future__ import annotations
+
+pytest_plugins: list[str] = []
