@@ -1,0 +1,231 @@
+"""The sidecar's own HTTP server: ``/metrics``, ``/healthz``, ``/readyz`` and read-only JSON views.
+
+* ``GET /metrics``: Prometheus text exposition of the registry given (OpenMetrics when the
+  scraper's ``Accept`` asks for it; gzip when ``Accept-Encoding`` allows it).
+* ``GET /healthz``: 200 whenever the event loop gets to answer (liveness).
+* ``GET /readyz``: 200 iff every :class:`~sidecar.lifecycle.HealthReporter` reports ready, else
+  503; the JSON body lists each check with ``ready`` and ``detail``.
+* ``GET /<name>`` for each JSON route (``/clusters``...): the callable's result as JSON.
+
+Hostile clients are expected: unknown paths get 404, other methods 405, request bodies over
+``max_request_bytes`` 413 (before any handler runs), over-long request lines or header floods are
+refused by the parser limits set here, and unparseable bytes get a 400 and a closed connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.exposition import choose_encoder
+
+from sidecar.lifecycle import Health, HealthReporter
+from sidecar.telemetry.config import HttpConfig
+
+log = structlog.get_logger()
+
+JsonRoute = Callable[[], object]
+_BUILTIN: Final = frozenset({"metrics", "healthz", "readyz"})
+_ROUTE_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+# Parser limits. A scraper or probe sends a short request line and a handful of small headers;
+# these leave ample room for proxies' extra headers while bounding what one connection can make
+# the server buffer (request line + headers <= 64 x 8 KiB).
+MAX_LINE_BYTES: Final = 8190
+MAX_FIELD_BYTES: Final = 8190
+MAX_HEADERS: Final = 64
+# Idle keep-alive connections are closed after this long: Prometheus scrapes every 15-60 s and
+# reconnects cheaply, so holding sockets longer only helps a client that hoards connections.
+KEEPALIVE_TIMEOUT_SECONDS: Final = 15.0
+# After refusing a request whose body was not read (413), aiohttp drains the socket for up to this
+# long before closing so the client sees the response instead of a reset. aiohttp's 10 s default
+# lets a client that announced a huge body pin a connection for that long; 1 s is plenty on
+# loopback and cluster networks.
+LINGERING_SECONDS: Final = 1.0
+
+
+class HttpMetrics:
+    """Requests served, by handler and status; ``handler`` is one of a closed set of names."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "sidecar_http_requests_total",
+            "HTTP requests answered by the sidecar's telemetry server.",
+            ["handler", "code"],
+            registry=registry,
+        )
+
+
+class HttpServer:
+    """aiohttp server for the telemetry endpoints; a :class:`~sidecar.lifecycle.Component`."""
+
+    def __init__(
+        self,
+        config: HttpConfig,
+        registry: CollectorRegistry,
+        health: Sequence[HealthReporter],
+        json_routes: Mapping[str, JsonRoute] | None = None,
+    ) -> None:
+        routes = dict(json_routes or {})
+        for name in routes:
+            if not _ROUTE_NAME.fullmatch(name) or name in _BUILTIN:
+                raise ValueError(f"invalid JSON route name {name!r}")
+        self._config = config
+        self._registry = registry
+        self._health = tuple(health)
+        self._json_routes = routes
+        self._metrics = HttpMetrics(registry)
+        self._handlers = _BUILTIN | routes.keys()
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when the configured port is 0). Only valid after start()."""
+        if self._port is None:
+            raise RuntimeError("HttpServer is not started")
+        return self._port
+
+    async def start(self) -> None:
+        """Bind and start serving; returns once the socket listens. Raises OSError if it cannot bind."""
+        if self._runner is not None:
+            raise RuntimeError("HttpServer already started")
+        app = web.Application(client_max_size=self._config.max_request_bytes, middlewares=[self._guard])
+        app.router.add_get("/metrics", self._metrics_handler)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        for name, fn in self._json_routes.items():
+            app.router.add_get(f"/{name}", self._json_handler(name, fn))
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS,
+            lingering_time=LINGERING_SECONDS,
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_FIELD_BYTES,
+            max_headers=MAX_HEADERS,
+        )
+        await runner.setup()
+        self._runner = runner
+        try:
+            site = web.TCPSite(runner, self._config.host, self._config.port)
+            await site.start()
+        except BaseException:
+            await self.stop()
+            raise
+        self._port = int(runner.addresses[0][1])
+        log.info("http.started", host=self._config.host, port=self._port)
+
+    async def stop(self) -> None:
+        """Close the listening socket and open connections. Idempotent; safe without start()."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self._port = None
+        await runner.cleanup()
+        log.info("http.stopped")
+
+    async def __aenter__(self) -> HttpServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- middleware -------------------------------------------------------------------------
+
+    @web.middleware
+    async def _guard(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        name = request.path.strip("/")
+        label = name if name in self._handlers else "other"
+        try:
+            response = await self._check_body(request) or await handler(request)
+        except web.HTTPException as exc:
+            self._metrics.requests.labels(label, str(exc.status)).inc()
+            raise
+        self._metrics.requests.labels(label, str(response.status)).inc()
+        return response
+
+    async def _check_body(self, request: web.Request) -> web.StreamResponse | None:
+        """413 for a body over the limit, whether announced by Content-Length or streamed chunked."""
+        limit = self._config.max_request_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return _too_large(limit)
+        if request.body_exists:
+            # Chunked (no length announced): count what arrives, stop as soon as it passes the limit.
+            total = 0
+            while chunk := await request.content.readany():
+                total += len(chunk)
+                if total > limit:
+                    return _too_large(limit)
+        return None
+
+    # --- handlers ---------------------------------------------------------------------------
+
+    async def _metrics_handler(self, request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        response = web.Response(body=encoder(self._registry))
+        response.headers["Content-Type"] = content_type
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            response.enable_compression(web.ContentCoding.gzip)
+        return response
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        checks = [_safe_health(r) for r in self._health]
+        ready = all(c.ready for c in checks)
+        body = {
+            "ready": ready,
+            "checks": [{"name": c.name, "ready": c.ready, "detail": c.detail} for c in checks],
+        }
+        return web.json_response(body, status=200 if ready else 503)
+
+    def _json_handler(self, name: str, fn: JsonRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(_request: web.Request) -> web.Response:
+            try:
+                result: Any = fn()
+                if inspect.isawaitable(result):
+                    result = await result
+                text = json.dumps(result, ensure_ascii=False, default=str)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("http.json_route_failed", route=name, error_type=type(exc).__name__)
+                return web.json_response({"error": "internal error"}, status=500)
+            return web.Response(text=text, content_type="application/json")
+
+        return handler
+
+
+def _too_large(limit: int) -> web.Response:
+    # Close the connection: the unread rest of the body would otherwise be parsed as the next request.
+    response = web.json_response({"error": f"request body over {limit} bytes"}, status=413)
+    response.force_close()
+    return response
+
+
+def _safe_health(reporter: HealthReporter) -> Health:
+    """A reporter that raises is reported not ready, never turned into a 500."""
+    name = type(reporter).__name__
+    try:
+        health = reporter.health()
+    except Exception as exc:
+        log.warning("http.health_check_failed", reporter=name, error_type=type(exc).__name__)
+        return Health(name=name, ready=False, detail=f"health() raised {type(exc).__name__}")
+    if not isinstance(health, Health):
+        return Health(name=name, ready=False, detail="health() returned a non-Health value")
+    return health
+
+
+__all__ = ["HttpMetrics", "HttpServer", "JsonRoute"]
