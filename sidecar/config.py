@@ -38,12 +38,12 @@ class SidecarConfig(BaseSettings):
         case_sensitive=False,
     )
 
-    kafka: KafkaConfig = Field(default_factory=KafkaConfig)  # type: ignore[arg-type]
-    state: StateConfig = Field(default_factory=StateConfig)  # type: ignore[arg-type]
-    http: HttpConfig = Field(default_factory=HttpConfig)  # type: ignore[arg-type]
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)  # type: ignore[arg-type]
-    scoring: ScoringConfig = Field(default_factory=ScoringConfig)  # type: ignore[arg-type]
-    clustering: ClusteringConfig = Field(default_factory=ClusteringConfig)  # type: ignore[arg-type]
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    state: StateConfig = Field(default_factory=StateConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    clustering: ClusteringConfig = Field(default_factory=ClusteringConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -58,12 +58,12 @@ class KafkaConfig(BaseModel):
     def _check(self) -> KafkaConfig:
         if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be at most a third of session_timeout_ms")
-        if self.security_protocol.startswith("SASL"):
-            if self.sasl_mechanism is None or not self.sasl_username or self.sasl_password is None:
-                raise ValueError(
-                    f"security_protocol={self.security_protocol} needs sasl_mechanism, "
-                    "sasl_username and sasl_password"
-                )
+        sasl = self.security_protocol.startswith("SASL")
+        if sasl and (self.sasl_mechanism is None or not self.sasl_username or self.sasl_password is None):
+            raise ValueError(
+                f"security_protocol={self.security_protocol} needs sasl_mechanism, "
+                "sasl_username and sasl_password"
+            )
         if len({self.topic, self.dead_letter_topic, self.results_topic}) != 3:
             raise ValueError("topic, dead_letter_topic and results_topic must be three different topics")
         return self

@@ -1,0 +1,66 @@
+"""One open conversation, kept compact: the budget is ~2 KB per conversation beyond its text."""
+
+from __future__ import annotations
+
+from array import array
+
+from sidecar.transcript.model import Message
+
+
+class Conversation:
+    """Messages in ``seq`` order plus the bookkeeping the turn state machine needs.
+
+    ``first_offset`` is the Kafka offset of the conversation's first record: the partition can
+    only commit below the smallest ``first_offset`` of its open conversations, so a restart can
+    rebuild this conversation by re-reading from there. ``journal_start`` is the results-topic
+    offset at which this conversation's journaled outcomes begin (see ``sidecar.source.processor``).
+    """
+
+    __slots__ = (
+        "agent",
+        "closed_through",
+        "conversation_id",
+        "event_hashes",
+        "first_offset",
+        "journal_start",
+        "last_activity",
+        "messages",
+        "tenant",
+        "text_bytes",
+        "turns",
+    )
+
+    def __init__(
+        self,
+        conversation_id: str,
+        *,
+        agent: str | None,
+        tenant: str | None,
+        first_offset: int,
+        journal_start: int,
+        now: float,
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.agent = agent
+        self.tenant = tenant
+        self.first_offset = first_offset
+        self.journal_start = journal_start
+        self.messages: list[Message] = []
+        # hash() of each event_id, per seq: detects redelivered events without keeping the ids.
+        self.event_hashes = array("q")
+        self.turns = 0
+        self.closed_through = 0
+        self.text_bytes = 0
+        self.last_activity = now
+
+    @property
+    def next_seq(self) -> int:
+        return len(self.messages)
+
+    @property
+    def awaiting_user(self) -> bool:
+        """True when the agent has answered the open turn (its last message is a plain reply)."""
+        if self.turns == 0 or self.closed_through >= self.turns or not self.messages:
+            return False
+        last = self.messages[-1]
+        return last.role == "assistant" and not last.tool_calls

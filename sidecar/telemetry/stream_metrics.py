@@ -1,0 +1,83 @@
+"""Metrics of the streaming core (source, state, processor). Names follow the README's spec."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class StreamMetrics:
+    """Everything the Kafka source and the partition processors export."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events_consumed = Counter(
+            "sidecar_events_consumed_total", "Kafka records taken from the source topic.",
+            registry=registry,
+        )
+        self.events_replayed = Counter(
+            "sidecar_events_replayed_total",
+            "Records re-read after a restart or rebalance to rebuild state (no hooks fired).",
+            registry=registry,
+        )
+        self.dead_lettered = Counter(
+            "sidecar_events_dead_lettered_total", "Records sent to the dead-letter topic, by reason.",
+            ["reason"], registry=registry,
+        )
+        self.conversations_active = Gauge(
+            "sidecar_conversations_active", "Open conversations held in memory.", registry=registry,
+        )
+        self.conversations_ended = Counter(
+            "sidecar_conversations_finalised_total",
+            "Conversations finalised, by reason (end_event, idle_ttl, evicted).",
+            ["reason"], registry=registry,
+        )
+        self.text_bytes = Gauge(
+            "sidecar_conversation_text_bytes", "Bytes of message text held in memory.", registry=registry,
+        )
+        self.processing_seconds = Histogram(
+            "sidecar_event_processing_seconds",
+            "From a record's fetch to the end of its processing (decode, state, hook dispatch).",
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.hook_dispatch_seconds = Histogram(
+            "sidecar_hook_dispatch_seconds", "From a record's fetch to the hook it triggers being called.",
+            ["kind"], buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.hooks_fired = Counter(
+            "sidecar_hooks_fired_total", "Hook calls dispatched, by kind.", ["kind"], registry=registry,
+        )
+        self.hooks_suppressed = Counter(
+            "sidecar_hooks_suppressed_total",
+            "Hook calls skipped because their outcome was already recorded before a restart.",
+            ["kind"], registry=registry,
+        )
+        self.hook_errors = Counter(
+            "sidecar_hook_errors_total", "Hook awaitables that raised; the error is recorded as outcome.",
+            ["kind"], registry=registry,
+        )
+        self.effects_pending = Gauge(
+            "sidecar_effects_pending", "Hook calls and dead-letter writes not yet safely recorded.",
+            registry=registry,
+        )
+        self.results_write_errors = Counter(
+            "sidecar_results_write_errors_total", "Failed writes to the results topic (retried).",
+            registry=registry,
+        )
+        self.commits = Counter(
+            "sidecar_commits_total", "Offset commits, by result (ok, failed).", ["result"], registry=registry,
+        )
+        self.consumer_lag = Gauge(
+            "sidecar_consumer_lag_records", "High watermark minus the committed position, per partition.",
+            ["partition"], registry=registry,
+        )
+        self.partitions_assigned = Gauge(
+            "sidecar_partitions_assigned", "Source partitions owned by this replica.", registry=registry,
+        )
+        self.partitions_paused = Gauge(
+            "sidecar_partitions_paused", "Source partitions paused for backpressure.", registry=registry,
+        )
+        self.recoveries = Counter(
+            "sidecar_partition_recoveries_total", "Partitions rebuilt from Kafka after assignment.",
+            registry=registry,
+        )

@@ -1,0 +1,62 @@
+"""In-memory stand-ins for Kafka, for fast unit tests of the processor (not for behaviour claims
+about Kafka itself: those run against the mock cluster in tests/integration)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.source.journal import CommitPoint, Recovery, SourceRecord
+
+
+@dataclass(frozen=True)
+class Rec:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int = 0
+
+
+def event(cid: str, seq: int, role: str | None, content: str = "x", *, eid: str | None = None,
+          end: bool = False, agent: str | None = "a") -> dict[str, Any]:
+    ev: dict[str, Any] = {
+        "conversation_id": cid, "event_id": eid or f"{cid}:{seq}", "seq": seq, "ts": 1.0,
+        "type": "conversation_end" if end else "message", "agent": agent,
+    }
+    if not end:
+        ev["message"] = {"role": role, "content": content}
+    return ev
+
+
+def record(offset: int, ev: dict[str, Any] | bytes, *, key: bytes | None = None) -> Rec:
+    if isinstance(ev, bytes):
+        return Rec("t", 0, offset, key, ev)
+    return Rec("t", 0, offset, ev["conversation_id"].encode(), json.dumps(ev).encode())
+
+
+@dataclass
+class FakeJournal:
+    """Results topic + dead-letter topic of one partition."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)
+    dead: list[tuple[int, str]] = field(default_factory=list)
+
+    async def append(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> int:
+        self.results.append(record)
+        return len(self.results) - 1
+
+    async def dead_letter(self, record: SourceRecord, reason: str, detail: str) -> None:
+        self.dead.append((record.offset, reason))
+
+    def recovery(self, commit: CommitPoint | None) -> Recovery:
+        if commit is None:
+            return Recovery.from_journal(start_offset=0, replay_until=0, journal_from=0,
+                                         journal_end=len(self.results), records=self.results)
+        return Recovery.from_journal(
+            start_offset=commit.offset, replay_until=commit.processed_until, journal_from=commit.journal_from,
+            journal_end=len(self.results),
+            records=self.results[commit.journal_from:],
+        )
