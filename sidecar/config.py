@@ -54,6 +54,7 @@ class SidecarConfig(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        del settings_cls, dotenv_settings, file_secret_settings
         # Only init (which carries the parsed YAML, merged under explicit overrides) and env:
         # no dotenv, no secrets dir, so nothing is read from places the operator did not name.
         return (env_settings, init_settings)

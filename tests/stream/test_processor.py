@@ -206,7 +206,10 @@ async def run_with_crashes(recs: list[Rec], crash_points: list[int], ticks: list
     return j
 
 
-@settings(max_examples=int(os.environ.get("SIDECAR_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = int(os.environ.get("SIDECAR_HYPOTHESIS_EXAMPLES", "60"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
     crash_points=st.lists(st.integers(0, 120), max_size=6),
