@@ -22,7 +22,7 @@ READY_PREFIX = "BOOTSTRAP "
 
 
 def _serve(num_brokers: int) -> int:
-    from confluent_kafka import Producer
+    from confluent_kafka import Producer  # noqa: PLC0415 - only the helper process loads librdkafka
 
     holder = Producer({"test.mock.num.brokers": num_brokers, "log_level": 3})
     md = holder.list_topics(timeout=10)
@@ -40,7 +40,7 @@ def _serve(num_brokers: int) -> int:
     while not stop:
         # The mock cluster's threads do the serving; this loop only waits for a reason to stop.
         ready, _, _ = select.select([sys.stdin], [], [], 0.5)
-        if ready and not sys.stdin.buffer.read1(4096):
+        if ready and not os.read(sys.stdin.fileno(), 4096):
             break
         holder.poll(0)
     return 0
