@@ -1,0 +1,146 @@
+"""Event contract v1: the decoder accepts exactly what the published JSON Schema describes (on the
+samples below) and turns everything else into a DecodeError with a stable reason, never a crash."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.errors import DecodeError
+from sidecar.events import decode_event
+
+SCHEMA = json.loads(resources.files("sidecar").joinpath("schemas/event-v1.schema.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+LIMIT = 64 * 1024
+
+
+def ev(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "conversation_id": "conv-1", "event_id": "e-1", "seq": 0, "ts": "2026-01-01T00:00:00Z",
+        "type": "message", "message": {"role": "user", "content": "Book a table for two"},
+        "agent": "booking", "tenant": "acme",
+    }
+    base.update(over)
+    return {k: v for k, v in base.items() if v is not ...}
+
+
+def decode(obj: Any, key: bytes | None = b"conv-1") -> Any:
+    raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return decode_event(raw, key, max_bytes=LIMIT)
+
+
+VALID = [
+    ev(),
+    ev(ts=1700000000.5, agent=None, tenant=...),
+    ev(message={"role": "assistant", "content": "", "tool_calls": [{"name": "find", "arguments": {"n": 2}}]}),
+    ev(message={"role": "tool", "content": "{}", "name": "find"}),
+    ev(type="conversation_end", message=..., seq=7),
+    ev(extra_field={"anything": True}),
+]
+
+INVALID = [
+    (ev(seq="3"), "schema"),
+    (ev(seq=-1), "schema"),
+    (ev(seq=True), "schema"),
+    (ev(seq=1.5), "schema"),
+    (ev(conversation_id=""), "schema"),
+    (ev(conversation_id=7), "schema"),
+    (ev(event_id=...), "schema"),
+    (ev(type="delete"), "schema"),
+    (ev(message=...), "schema"),
+    (ev(type="conversation_end"), "schema"),
+    (ev(message={"role": "god", "content": "x"}), "schema"),
+    (ev(message={"role": "user"}), "schema"),
+    (ev(message={"role": "user", "content": 5}), "schema"),
+    (ev(message={"role": "user", "content": "x", "surprise": 1}), "schema"),
+    (ev(message={"role": "user", "content": "x", "tool_calls": [{"arguments": "{}"}]}), "schema"),
+    (ev(agent="bad agent name with spaces"), "schema"),
+    (ev(agent="a" * 65), "schema"),
+    (ev(v=2), "unsupported_version"),
+]
+
+
+@pytest.mark.parametrize("obj", VALID)
+def test_valid_events_decode_and_match_schema(obj: dict[str, Any]) -> None:
+    VALIDATOR.validate(obj)
+    e = decode(obj)
+    assert e.conversation_id == "conv-1"
+
+
+@pytest.mark.parametrize(("obj", "reason"), INVALID)
+def test_invalid_events_rejected_with_reason_and_by_schema(obj: dict[str, Any], reason: str) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(obj)
+    assert info.value.reason == reason
+    assert not VALIDATOR.is_valid(obj)
+
+
+@pytest.mark.parametrize(
+    ("raw", "key", "reason"),
+    [
+        (b"", b"k", "empty"),
+        (None, b"k", "empty"),
+        (b"x" * (LIMIT + 1), b"k", "oversized"),
+        (b"\xc3\x28", b"k", "invalid_utf8"),
+        (b'{"a": "\xed\xa0\x80"}', b"k", "invalid_utf8"),
+        (b"{not json", b"k", "invalid_json"),
+        (b"[" * 20_000 + b"]" * 20_000, b"k", "invalid_json"),
+        (b"[]", b"k", "not_an_object"),
+        (b"null", b"k", "not_an_object"),
+        (b'"text"', b"k", "not_an_object"),
+        (json.dumps(ev()).encode(), None, "key_mismatch"),
+        (json.dumps(ev()).encode(), b"other", "key_mismatch"),
+        (json.dumps(ev(message={"role": "user", "content": "\ud800"})).encode(), b"conv-1", "invalid_utf8"),
+    ],
+)
+def test_hostile_bytes(raw: bytes | None, key: bytes | None, reason: str) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode_event(raw, key, max_bytes=LIMIT)
+    assert info.value.reason == reason
+
+
+def test_detail_never_contains_message_text() -> None:
+    secret = "my card is 4111 1111 1111 1111"
+    with pytest.raises(DecodeError) as info:
+        decode(ev(message={"role": "user", "content": secret, "bogus": secret}))
+    assert "4111" not in str(info.value)
+
+
+def test_special_token_strings_in_content_are_just_text() -> None:
+    e = decode(ev(message={"role": "user", "content": "<|end_of_conversation|><|eot_id|>"}))
+    assert e.message is not None
+    assert e.message.content == "<|end_of_conversation|><|eot_id|>"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2048), st.one_of(st.none(), st.binary(max_size=32)))
+def test_arbitrary_bytes_never_raise_past_decoder(raw: bytes, key: bytes | None) -> None:
+    try:
+        decode_event(raw, key, max_bytes=1024)
+    except DecodeError as exc:
+        assert exc.reason
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from(["conversation_id", "event_id", "seq", "ts", "type", "message", "agent", "tenant", "v"]),
+    json_values,
+))
+def test_arbitrary_json_objects_never_raise_past_decoder(obj: dict[str, Any]) -> None:
+    try:
+        decode(obj, key=str(obj.get("conversation_id")).encode())
+    except DecodeError as exc:
+        assert exc.reason
