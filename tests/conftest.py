@@ -2,4 +2,4 @@
 
 from __future__ import annotations
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["tests.support.vllm_server"]

@@ -1,0 +1,305 @@
+"""The suite's one real vLLM server (CPU build), as a pytest plugin.
+
+Fixture ``vllm_server`` (session scope) builds a tiny random-weights Llama with its tokenizer and a
+LoRA adapter (:mod:`tests.support.tiny_model`), starts ONE ``vllm.entrypoints.openai.api_server``
+for the whole test session, and yields a :class:`VllmServer`:
+
+* ``base_url`` -- the OpenAI-compatible root, e.g. ``http://127.0.0.1:PORT/v1`` (give it to
+  ``openai.AsyncOpenAI(base_url=..., api_key="unused")``); ``root_url`` is the same without
+  ``/v1`` (``/health``, ``/metrics``, ``/tokenize``).
+* ``base_model`` (``"base"``) and ``adapter_model`` (``"completion"``): the served names; the
+  request's ``model`` field selects one. ``served_names`` lists both.
+* ``model_dir`` / ``tokenizer_path`` / ``adapter_dir``: the checkpoint on disk. ``tokenizer_path``
+  is a ``tokenizers`` ``tokenizer.json`` whose special tokens are ``<|begin_of_text|>``,
+  ``<|end_of_text|>`` (eos), ``<|end_of_conversation|>`` (the completion end tag), ``<|pad|>`` and
+  the Llama-3 header tokens; ``tokenizer_config.json`` holds a chat template, so
+  ``/v1/chat/completions`` works (answers are nonsense: the weights are random).
+* ``load_adapter(name, path)``: load another LoRA adapter at run time
+  (``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is on; rank <= 8, ``q_proj``/``v_proj`` or a subset).
+
+Server flags: ``--enable-lora --max-lora-rank 8 --enable-prefix-caching --max-logprobs 20
+--dtype float32 --max-model-len 2048``, ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB), a free loopback port.
+Start-up takes 1-2 minutes on two cores, paid once per session.
+
+The vLLM interpreter is ``$SIDECAR_VLLM_PYTHON`` or ``~/.cache/sidecar/venv-vllm-0.32.0/bin/python``
+(see ENVIRONMENT.md). A missing interpreter is a test *error*, never a skip.
+
+Development shortcut: ``python -m tests.support.vllm_server serve ROOT [PORT]`` starts the same
+server in the foreground; export the two lines it prints (``SIDECAR_TEST_VLLM_ROOT_URL`` and
+``SIDECAR_TEST_VLLM_MODEL_ROOT``) and the fixture attaches to it instead of starting its own.
+
+Register with ``pytest_plugins = ["tests.support.vllm_server"]`` in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.tiny_model import END_TAG, TinyModel
+
+BASE_MODEL = "base"
+ADAPTER_MODEL = "completion"
+STARTUP_TIMEOUT_SECONDS = 420.0
+ATTACH_ROOT_URL_ENV = "SIDECAR_TEST_VLLM_ROOT_URL"
+ATTACH_MODEL_ROOT_ENV = "SIDECAR_TEST_VLLM_MODEL_ROOT"
+
+
+def vllm_python() -> Path:
+    """The interpreter of the vLLM CPU venv (never hard-coded in the sidecar itself)."""
+    env = os.environ.get("SIDECAR_VLLM_PYTHON")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache/sidecar/venv-vllm-0.32.0/bin/python"
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_model(root: Path) -> TinyModel:
+    """Build the tiny model in a subprocess (keeps torch and its warnings out of this process)."""
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "tests.support.tiny_model", str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the tiny model failed:\n{proc.stderr[-4000:]}")
+    paths = json.loads(proc.stdout.strip().splitlines()[-1])
+    return TinyModel(Path(paths["model_dir"]), Path(paths["adapter_dir"]), Path(paths["tokenizer_path"]))
+
+
+def _http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+
+
+@dataclass
+class VllmServer:
+    """A running vLLM server serving the tiny model (see the module docstring)."""
+
+    root_url: str
+    model: TinyModel
+    base_model: str = BASE_MODEL
+    adapter_model: str = ADAPTER_MODEL
+    end_tag: str = END_TAG
+    log_path: Path | None = None
+    prefix_caching: bool = True
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return self.root_url + "/v1"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.model.model_dir
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.model.adapter_dir
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.model.tokenizer_path
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        return (self.base_model, self.adapter_model)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        """Load a LoRA adapter at run time under ``name`` (idempotent per name)."""
+        try:
+            _http_json(self.base_url + "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")
+            if "already" not in detail:
+                raise RuntimeError(f"load_lora_adapter {name}: {exc.code} {detail}") from exc
+
+    def metrics_text(self) -> str:
+        """The raw Prometheus exposition of ``/metrics``."""
+        text = _http_json(self.root_url + "/metrics")
+        return text if isinstance(text, str) else json.dumps(text)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        """Stop the server process group this object started (idempotent)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def _wait_ready(server: VllmServer, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if server._proc is not None and server._proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {server._proc.returncode}:\n{server.log_tail()}")
+        try:
+            models = _http_json(server.base_url + "/models", timeout=5)
+        except (OSError, ValueError):
+            time.sleep(1.0)
+            continue
+        names = {m["id"] for m in models.get("data", [])}
+        if set(server.served_names) <= names:
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"vLLM not ready after {STARTUP_TIMEOUT_SECONDS:.0f}s:\n{server.log_tail()}")
+
+
+def start_server(
+    model: TinyModel,
+    log_path: Path,
+    *,
+    port: int | None = None,
+    prefix_caching: bool = True,
+    extra_args: Sequence[str] = (),
+    warm_up: bool = True,
+) -> VllmServer:
+    """Start a vLLM server for ``model`` and wait until it serves both names (and warmed up)."""
+    python = vllm_python()
+    if not python.exists():
+        raise RuntimeError(f"vLLM interpreter not found at {python}; set SIDECAR_VLLM_PYTHON")
+    port = port or free_port()
+    args = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model.model_dir),
+        "--served-model-name", BASE_MODEL,
+        "--enable-lora", "--lora-modules", f"{ADAPTER_MODEL}={model.adapter_dir}",
+        "--max-lora-rank", "8",
+        "--max-model-len", "2048",
+        "--max-logprobs", "20",
+        "--dtype", "float32",
+        "--seed", "0",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+        *extra_args,
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env.update(
+        {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_NO_USAGE_STATS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+    )
+    log = log_path.open("wb")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    log.close()
+    server = VllmServer(
+        root_url=f"http://127.0.0.1:{port}", model=model, log_path=log_path,
+        prefix_caching=prefix_caching, _proc=proc,
+    )  # fmt: skip
+    try:
+        _wait_ready(server, time.monotonic() + STARTUP_TIMEOUT_SECONDS)
+        if warm_up:
+            # The first request compiles and allocates; pay it here, not inside a test's timeout.
+            _http_json(
+                server.base_url + "/completions",
+                {"model": ADAPTER_MODEL, "prompt": [0, 10, 11], "max_tokens": 2, "logprobs": 1},
+                timeout=300,
+            )
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@contextlib.contextmanager
+def running_server(model: TinyModel, log_path: Path, **kwargs: Any) -> Iterator[VllmServer]:
+    """:func:`start_server` as a context manager that always stops the server."""
+    server = start_server(model, log_path, **kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """The tiny model's files, built once per session (see :mod:`tests.support.tiny_model`)."""
+    attached = os.environ.get(ATTACH_MODEL_ROOT_ENV)
+    if attached:
+        return build_model(Path(attached))
+    return build_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """ONE real vLLM CPU server for the whole session (see the module docstring)."""
+    attached = os.environ.get(ATTACH_ROOT_URL_ENV)
+    if attached:
+        server = VllmServer(root_url=attached.rstrip("/"), model=tiny_model)
+        _wait_ready(server, time.monotonic() + 30)
+        yield server
+        return
+    log_path = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
+    with running_server(tiny_model, log_path) as server:
+        yield server
+
+
+def _serve(argv: list[str]) -> int:
+    root = Path(argv[0])
+    port = int(argv[1]) if len(argv) > 1 else free_port()
+    model = build_model(root)
+    server = start_server(model, root / "vllm.log", port=port)
+    print(f"export {ATTACH_ROOT_URL_ENV}={server.root_url}")
+    print(f"export {ATTACH_MODEL_ROOT_ENV}={root}", flush=True)
+    try:
+        while server._proc is not None and server._proc.poll() is None:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "serve":
+        raise SystemExit(_serve(sys.argv[2:]))
+    print("usage: python -m tests.support.vllm_server serve ROOT [PORT]", file=sys.stderr)
+    raise SystemExit(2)
