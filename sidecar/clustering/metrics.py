@@ -1,0 +1,62 @@
+"""Prometheus metrics of goal clustering (closed label sets: kind, trigger, result)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LLM_KINDS = ("summarize", "describe", "merge")
+
+
+class ClusteringMetrics:
+    """Every clustering metric, created on the registry the caller owns."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.llm_calls = Counter(
+            "sidecar_clustering_llm_calls_total",
+            "Chat requests made by goal clustering, by prompt kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.llm_invalid_answers = Counter(
+            "sidecar_clustering_llm_invalid_answers_total",
+            "Answers that were not valid JSON of the asked schema; a safe default was used.",
+            ["kind"],
+            registry=registry,
+        )
+        self.llm_errors = Counter(
+            "sidecar_clustering_llm_errors_total",
+            "Chat requests that failed (timeout, connection, HTTP error), by prompt kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.runs = Counter(
+            "sidecar_clustering_runs_total",
+            "Re-clustering runs by trigger (schedule, drift, manual) and result (ok, error, skipped).",
+            ["trigger", "result"],
+            registry=registry,
+        )
+        self.run_duration = Histogram(
+            "sidecar_clustering_run_duration_seconds",
+            "Wall time of one successful re-clustering run.",
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+            registry=registry,
+        )
+        self.clusters = Gauge(
+            "sidecar_clustering_clusters", "Goal clusters currently live.", registry=registry
+        )
+        self.reservoir = Gauge(
+            "sidecar_clustering_reservoir_conversations",
+            "Conversation summaries held for the next re-clustering.",
+            registry=registry,
+        )
+        self.assignments = Counter(
+            "sidecar_clustering_assignments_total",
+            "Ended conversations assigned to a goal (result: assigned, unclustered, error).",
+            ["result"],
+            registry=registry,
+        )
+        self.assignment_distance = Gauge(
+            "sidecar_clustering_assignment_distance",
+            "Running mean Euclidean distance of new conversations to their cluster centroid.",
+            registry=registry,
+        )
