@@ -54,26 +54,48 @@ def add_clusters_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("input", type=Path, help="JSONL(.gz) file, one conversation per line")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="YAML configuration file; its clustering section is used")
-    p.add_argument("--mode", choices=["llm", "extractive"], default=None,
-                   help="override clustering.mode (extractive = LLM-free, weaker)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML configuration file; its clustering section is used",
+    )
+    p.add_argument(
+        "--mode",
+        choices=["llm", "extractive"],
+        default=None,
+        help="override clustering.mode (extractive = LLM-free, weaker)",
+    )
     p.add_argument("--k1", type=int, default=None, help="override clustering.k1")
     p.add_argument("--seed", type=int, default=None, help="override clustering.seed")
     p.add_argument("--limit", type=int, default=None, help="use at most N conversations")
-    p.add_argument("--sample-seed", type=int, default=0,
-                   help="with --limit: pick a random subset with this seed (default: the first N)")
+    p.add_argument(
+        "--sample-seed",
+        type=int,
+        default=0,
+        help="with --limit: pick a random subset with this seed (default: the first N)",
+    )
     p.add_argument("--llm-base-url", default=None, help="override clustering.llm.base_url")
     p.add_argument("--llm-model", default=None, help="override clustering.llm.model")
-    p.add_argument("--context-file", type=Path, default=None,
-                   help="application context paragraph for the summary prompt")
-    p.add_argument("--goal-field", default=None, metavar="DOTTED",
-                   help="known goal of each record (e.g. domain, meta.tasks.0): report ARI against it")
-    p.add_argument("--stability", action="store_true",
-                   help="second run with seed+1 and a shuffled order: ARI and aligned confusion matrix")
+    p.add_argument(
+        "--context-file", type=Path, default=None, help="application context paragraph for the summary prompt"
+    )
+    p.add_argument(
+        "--goal-field",
+        default=None,
+        metavar="DOTTED",
+        help="known goal of each record (e.g. domain, meta.tasks.0): report ARI against it",
+    )
+    p.add_argument(
+        "--stability",
+        action="store_true",
+        help="second run with seed+1 and a shuffled order: ARI and aligned confusion matrix",
+    )
     p.add_argument("--plot", type=Path, default=None, help="with --stability: write Figure 4 as PNG")
-    p.add_argument("--split", action="store_true",
-                   help="Table 4: cluster a random 50%%, assign the rest, report mean distances")
+    p.add_argument(
+        "--split", action="store_true", help="Table 4: cluster a random 50%%, assign the rest, report mean distances"
+    )
     p.add_argument("--output", type=Path, default=None, help="write the JSON here instead of stdout")
     p.set_defaults(handler=run_clusters_command)
 
@@ -102,9 +124,9 @@ def _config(args: argparse.Namespace) -> ClusteringConfig:
         raise ConfigError(f"invalid clustering options: {exc}") from exc
 
 
-def load_input(path: Path, goal_field: str | None, limit: int | None, sample_seed: int) -> tuple[
-    list[Conversation], ReadStats
-]:
+def load_input(
+    path: Path, goal_field: str | None, limit: int | None, sample_seed: int
+) -> tuple[list[Conversation], ReadStats]:
     """The conversations to cluster (all, the first N, or a seeded random N)."""
     if not path.is_file():
         raise ConfigError(f"input file {path} does not exist")
@@ -146,8 +168,7 @@ async def _evaluate(args: argparse.Namespace, tools: _Tools, convs: list[Convers
     res = await cluster_conversations(summaries, vectors, cfg, llm, embedder, seed=cfg.seed)
     t3 = time.perf_counter()
     out = _result_json(res, [c.conversation_id for c in convs])
-    out["seconds"] = {"summaries": round(t1 - t0, 3), "embeddings": round(t2 - t1, 3),
-                      "clustering": round(t3 - t2, 3)}
+    out["seconds"] = {"summaries": round(t1 - t0, 3), "embeddings": round(t2 - t1, 3), "clustering": round(t3 - t2, 3)}
     goals = [c.goal for c in convs]
     if args.goal_field:
         known = [i for i, g in enumerate(goals) if g is not None]
@@ -172,9 +193,7 @@ async def _evaluate(args: argparse.Namespace, tools: _Tools, convs: list[Convers
     return out
 
 
-async def _table4(
-    summaries: list[str], vectors: Matrix, tools: _Tools, full: ClusteringResult
-) -> dict[str, Any]:
+async def _table4(summaries: list[str], vectors: Matrix, tools: _Tools, full: ClusteringResult) -> dict[str, Any]:
     cfg = tools.cfg
     n = len(summaries)
     perm = np.random.default_rng(cfg.seed).permutation(n)
@@ -194,8 +213,11 @@ async def _table4(
 
 def _calls(metrics: ClusteringMetrics) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
-    for family, name in ((metrics.llm_calls, "calls"), (metrics.llm_invalid_answers, "invalid"),
-                         (metrics.llm_errors, "errors")):
+    for family, name in (
+        (metrics.llm_calls, "calls"),
+        (metrics.llm_invalid_answers, "invalid"),
+        (metrics.llm_errors, "errors"),
+    ):
         for metric in family.collect():
             for sample in metric.samples:
                 if sample.name.endswith("_total"):
@@ -229,13 +251,18 @@ def run_clusters_command(args: argparse.Namespace) -> int:
             raise
         print(f"sidecar clusters: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    out = {"input": str(args.input), "mode": cfg.mode, "read": stats.read, "skipped": stats.skipped,
-           "used": len(convs), **out}
+    out = {
+        "input": str(args.input),
+        "mode": cfg.mode,
+        "read": stats.read,
+        "skipped": stats.skipped,
+        "used": len(convs),
+        **out,
+    }
     text = json.dumps(out, indent=1, ensure_ascii=False)
     if args.output is not None:
         args.output.write_text(text + "\n", encoding="utf-8")
     else:
         sys.stdout.write(text + "\n")
-    print(f"k={out['k']} from {len(convs)} conversations ({stats.read} read, skipped {stats.skipped})",
-          file=sys.stderr)
+    print(f"k={out['k']} from {len(convs)} conversations ({stats.read} read, skipped {stats.skipped})", file=sys.stderr)
     return EXIT_OK

@@ -24,9 +24,7 @@ class ClusteringLLMConfig(BaseModel):
     request_timeout_seconds: float = Field(60.0, gt=0, description="Timeout of one chat request.")
     max_tokens: int = Field(256, ge=8, le=4096, description="Cap on generated tokens per answer.")
     temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature (0 = greedy).")
-    guided_json: bool = Field(
-        True, description="Ask for JSON-schema guided decoding (response_format=json_schema)."
-    )
+    guided_json: bool = Field(True, description="Ask for JSON-schema guided decoding (response_format=json_schema).")
     max_concurrency: int = Field(4, ge=1, le=256, description="Concurrent chat requests at most.")
     application_context: str = Field(
         "",
@@ -71,9 +69,7 @@ class ClusteringConfig(BaseModel):
         ),
     )
     llm: ClusteringLLMConfig = Field(default_factory=ClusteringLLMConfig)
-    embedding: ClusteringEmbeddingConfig = Field(
-        default_factory=ClusteringEmbeddingConfig
-    )
+    embedding: ClusteringEmbeddingConfig = Field(default_factory=ClusteringEmbeddingConfig)
     k1: int = Field(30, ge=2, le=500, description="Initial k-means k: an overestimate of the goal count.")
     examples_per_group: int = Field(
         10, ge=1, le=100, description="Sampled members / non-members shown per describe or merge prompt."
@@ -96,12 +92,8 @@ class ClusteringConfig(BaseModel):
     )
     kmeans_n_init: int = Field(4, ge=1, le=100, description="k-means restarts (best inertia kept).")
     seed: int = Field(0, description="Seed of k-means and example sampling (runs are deterministic).")
-    reservoir_size: int = Field(
-        5000, ge=10, le=1_000_000, description="Conversation summaries kept for re-clustering."
-    )
-    min_conversations: int = Field(
-        50, ge=2, description="No clustering until the reservoir holds at least this many."
-    )
+    reservoir_size: int = Field(5000, ge=10, le=1_000_000, description="Conversation summaries kept for re-clustering.")
+    min_conversations: int = Field(50, ge=2, description="No clustering until the reservoir holds at least this many.")
     recluster_interval_seconds: float = Field(
         3600.0, gt=0, description="Re-cluster at least this often (when new conversations arrived)."
     )
@@ -113,9 +105,7 @@ class ClusteringConfig(BaseModel):
     drift_min_assignments: int = Field(
         200, ge=1, description="New assignments needed before the drift check is trusted."
     )
-    drift_ema_alpha: float = Field(
-        0.02, gt=0, le=1, description="Smoothing of the running assignment distance."
-    )
+    drift_ema_alpha: float = Field(0.02, gt=0, le=1, description="Smoothing of the running assignment distance.")
     id_match_min_similarity: float = Field(
         0.5,
         ge=-1,

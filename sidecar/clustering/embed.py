@@ -75,13 +75,12 @@ class SentenceTransformerEmbedder:
     def embed(self, texts: Sequence[str]) -> Matrix:
         model = self._load()
         if not texts:
-            dim = int(model.get_sentence_embedding_dimension())
+            getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+            dim = int(getter())
             return np.zeros((0, dim), dtype=np.float32)
         clipped = [t[:MAX_EMBED_CHARS] for t in texts]
         with self._lock:  # torch inference on one model is not re-entrant-safe across threads
-            vecs = model.encode(
-                clipped, batch_size=self._batch, convert_to_numpy=True, show_progress_bar=False
-            )
+            vecs = model.encode(clipped, batch_size=self._batch, convert_to_numpy=True, show_progress_bar=False)
         return normalize_rows(vecs)
 
 

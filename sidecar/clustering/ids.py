@@ -48,4 +48,3 @@ class ClusterIdRegistry:
                 if sim[r, c] >= min_similarity:
                     ids[r] = old_ids[c]
         return [cid if cid is not None else self.fresh() for cid in ids]
-

@@ -329,21 +329,38 @@ class GoalClusterer:
             elapsed = time.perf_counter() - started
             self._runs += 1
             self._last_error = ""
-            self._last_run = {"trigger": trigger, "seconds": round(elapsed, 3), "at": time.time(),
-                              "conversations": len(items), "clusters": len(self._order)}
+            self._last_run = {
+                "trigger": trigger,
+                "seconds": round(elapsed, 3),
+                "at": time.time(),
+                "conversations": len(items),
+                "clusters": len(self._order),
+            }
             self.metrics.runs.labels(trigger, "ok").inc()
             self.metrics.run_duration.observe(elapsed)
-            log.info("clustering.run_done", trigger=trigger, clusters=len(self._order),
-                     conversations=len(items), seconds=round(elapsed, 3))
+            log.info(
+                "clustering.run_done",
+                trigger=trigger,
+                clusters=len(self._order),
+                conversations=len(items),
+                seconds=round(elapsed, 3),
+            )
             return True
 
     async def _recluster(self, items: list[ReservoirItem]) -> None:
         vectors = np.stack([it.vector for it in items]).astype(np.float32)
         cfg = self._cfg
         res = await llm_guided_clustering(
-            [it.summary for it in items], vectors, llm=self._llm, embedder=self._embedder,
-            k1=cfg.k1, examples=cfg.examples_per_group, seed=cfg.seed, stop_rule=cfg.stop_rule,
-            max_merge_queries=cfg.max_merge_queries, kmeans_n_init=cfg.kmeans_n_init,
+            [it.summary for it in items],
+            vectors,
+            llm=self._llm,
+            embedder=self._embedder,
+            k1=cfg.k1,
+            examples=cfg.examples_per_group,
+            seed=cfg.seed,
+            stop_rule=cfg.stop_rule,
+            max_merge_queries=cfg.max_merge_queries,
+            kmeans_n_init=cfg.kmeans_n_init,
         )
         old = {cid: self._centroids[i] for i, cid in enumerate(self._order)}
         ids = self._ids.match(old, res.centroids, cfg.id_match_min_similarity)
@@ -367,6 +384,8 @@ class GoalClusterer:
         self._clusters, self._order, self._centroids = clusters, ids, res.centroids
         self._baseline = float(dist.mean())
         self._ema, self._since, self._offered_since_run = None, 0, 0
+        self._wake.clear()  # whatever asked for a run is answered by this one
+        self._drift = False
         for conv in self._convs.values():
             conv.counted = conv.counted or conv.complete is not None
         self._reservoir.decay()

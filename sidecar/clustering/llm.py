@@ -76,9 +76,7 @@ class GoalLLM(Protocol):
 
     async def summarize(self, transcript: Sequence[Message]) -> str: ...
 
-    async def describe(
-        self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None
-    ) -> str: ...
+    async def describe(self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None) -> str: ...
 
     async def should_merge(self, query: MergeQuery) -> bool: ...
 
@@ -128,9 +126,7 @@ def keywords(text: str) -> set[str]:
     return {w.strip("'-") for w in _WORD.findall(text.lower()) if w not in STOPWORDS} - {""}
 
 
-def keyword_label(
-    group: Sequence[str], not_in_group: Sequence[str], *, min_df: int, n_words: int = 3
-) -> str:
+def keyword_label(group: Sequence[str], not_in_group: Sequence[str], *, min_df: int, n_words: int = 3) -> str:
     """The words most typical of ``group`` against ``not_in_group``.
 
     A word qualifies only if at least ``min(min_df, len(group))`` members use it, so a label is
@@ -140,9 +136,7 @@ def keyword_label(
     neg = Counter(w for s in not_in_group for w in keywords(s))
     need = max(1, min(min_df, len(group)))
     n_pos, n_neg = max(1, len(group)), max(1, len(not_in_group))
-    scored = [
-        (pos[w] / n_pos - neg[w] / n_neg + 0.01 * math.log1p(pos[w]), w) for w in pos if pos[w] >= need
-    ]
+    scored = [(pos[w] / n_pos - neg[w] / n_neg + 0.01 * math.log1p(pos[w]), w) for w in pos if pos[w] >= need]
     scored.sort(key=lambda t: (-t[0], t[1]))
     words = [w for _, w in scored[:n_words]]
     return " / ".join(words) if words else "miscellaneous"
@@ -165,9 +159,7 @@ class ExtractiveGoalLLM:
     async def summarize(self, transcript: Sequence[Message]) -> str:
         return extractive_summary(transcript, self._max_summary)
 
-    async def describe(
-        self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None
-    ) -> str:
+    async def describe(self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None) -> str:
         del previous  # keywords are recomputed from the members; nothing to keep
         return keyword_label(group, not_in_group, min_df=self._min_df)
 
@@ -257,24 +249,18 @@ class OpenAIGoalLLM:
         return parsed
 
     async def summarize(self, transcript: Sequence[Message]) -> str:
-        messages = summary_messages(
-            transcript, self._cfg.application_context, self._cfg.max_transcript_chars
-        )
+        messages = summary_messages(transcript, self._cfg.application_context, self._cfg.max_transcript_chars)
         ans = await self._ask("summarize", messages, SummaryAnswer)
         if ans is None:
             return extractive_summary(transcript, self._max_summary)
         return one_line(ans.intent, self._max_summary)
 
-    async def describe(
-        self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None
-    ) -> str:
+    async def describe(self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None) -> str:
         ans = await self._ask("describe", describe_messages(group, not_in_group), DescribeAnswer)
         if ans is None:
             return previous or keyword_label(group, not_in_group, min_df=self._min_df)
         return one_line(ans.description, 300)
 
     async def should_merge(self, query: MergeQuery) -> bool:
-        ans = await self._ask(
-            "merge", merge_messages(query.group1, query.group2, query.others), MergeAnswer
-        )
+        ans = await self._ask("merge", merge_messages(query.group1, query.group2, query.others), MergeAnswer)
         return bool(ans is not None and ans.merge)

@@ -41,9 +41,7 @@ class ClusteringMetrics:
             buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
             registry=registry,
         )
-        self.clusters = Gauge(
-            "sidecar_clustering_clusters", "Goal clusters currently live.", registry=registry
-        )
+        self.clusters = Gauge("sidecar_clustering_clusters", "Goal clusters currently live.", registry=registry)
         self.reservoir = Gauge(
             "sidecar_clustering_reservoir_conversations",
             "Conversation summaries held for the next re-clustering.",

@@ -68,8 +68,7 @@ def _message(raw: Any) -> Message | None:
             args = c.get("arguments", "")
             calls.append(ToolCall(c["name"], args if isinstance(args, str) else json.dumps(args)))
     name = raw.get("name")
-    return Message(role=role, content=content, name=name if isinstance(name, str) else None,
-                   tool_calls=tuple(calls))
+    return Message(role=role, content=content, name=name if isinstance(name, str) else None, tool_calls=tuple(calls))
 
 
 class _Skip(Exception):
@@ -149,9 +148,7 @@ def iter_conversations(
                 yield conv
 
 
-async def summarize_all(
-    convs: Sequence[Conversation], llm: GoalLLM, concurrency: int = 8
-) -> list[str]:
+async def summarize_all(convs: Sequence[Conversation], llm: GoalLLM, concurrency: int = 8) -> list[str]:
     """Goal summary of every conversation, in order."""
     import asyncio  # noqa: PLC0415 - keeps the module import light for the CLI parser
 

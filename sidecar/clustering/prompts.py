@@ -58,9 +58,7 @@ class MergeAnswer(BaseModel):
     description: str = Field("", max_length=MAX_ANSWER_CHARS)
 
 
-def summary_messages(
-    transcript: Sequence[Message], application_context: str, max_chars: int
-) -> list[dict[str, str]]:
+def summary_messages(transcript: Sequence[Message], application_context: str, max_chars: int) -> list[dict[str, str]]:
     """Chat messages asking for the user's high-level intent in one or two sentences."""
     lines: list[str] = []
     for m in transcript:
@@ -99,9 +97,7 @@ def describe_messages(group: Sequence[str], not_in_group: Sequence[str]) -> list
     return [{"role": "user", "content": content}]
 
 
-def merge_messages(
-    group1: Sequence[str], group2: Sequence[str], others: Sequence[str]
-) -> list[dict[str, str]]:
+def merge_messages(group1: Sequence[str], group2: Sequence[str], others: Sequence[str]) -> list[dict[str, str]]:
     """Phase 2 prompt: should [GROUP 1] and [GROUP 2] be merged?"""
     content = (
         "You will see two groups of task descriptions, and a third list of unrelated tasks that "

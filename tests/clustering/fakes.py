@@ -44,9 +44,7 @@ class OracleLLM:
     ``decide`` overrides the merge decision (deterministic decision functions for the loop tests).
     """
 
-    def __init__(
-        self, decide: Callable[[MergeQuery], bool] | None = None, describe_examples: int = 10
-    ) -> None:
+    def __init__(self, decide: Callable[[MergeQuery], bool] | None = None, describe_examples: int = 10) -> None:
         self.decide = decide
         self.queries: list[MergeQuery] = []
         self.describes: list[tuple[list[str], list[str], str | None]] = []
@@ -59,9 +57,7 @@ class OracleLLM:
     async def summarize(self, transcript: Sequence[Message]) -> str:
         return extractive_summary(transcript, 600)
 
-    async def describe(
-        self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None
-    ) -> str:
+    async def describe(self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None) -> str:
         self.describes.append((list(group), list(not_in_group), previous))
         return f"goal {majority_tag(group)}"
 
@@ -72,9 +68,9 @@ class OracleLLM:
         return majority_tag(query.group1) == majority_tag(query.group2)
 
 
-def blobs(groups: int, per_group: int, dim: int = 32, spread: float = 0.15, seed: int = 0) -> tuple[
-    list[str], Matrix, list[int]
-]:
+def blobs(
+    groups: int, per_group: int, dim: int = 32, spread: float = 0.15, seed: int = 0
+) -> tuple[list[str], Matrix, list[int]]:
     """``groups`` well separated clusters of unit vectors; texts carry their group tag."""
     rng = np.random.default_rng(seed)
     centers = normalize_rows(rng.normal(size=(groups, dim)))

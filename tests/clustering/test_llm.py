@@ -36,9 +36,11 @@ QUERY = MergeQuery(["a"], ["b"], ["c"], "x", "y", 0.9, 0.8)
 
 def completion(content: str | None) -> dict[str, object]:
     return {
-        "id": "c1", "object": "chat.completion", "created": 0, "model": "base",
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": content}}],
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "base",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
     }
 
 
@@ -50,7 +52,9 @@ def make(handler: Callable[[httpx.Request], httpx.Response]) -> tuple[OpenAIGoal
         return handler(req)
 
     client = openai.AsyncOpenAI(
-        base_url="http://llm.test/v1", api_key="k", max_retries=0,
+        base_url="http://llm.test/v1",
+        api_key="k",
+        max_retries=0,
         http_client=httpx.AsyncClient(transport=httpx.MockTransport(wrapped)),
     )
     metrics = ClusteringMetrics(CollectorRegistry())
@@ -85,8 +89,17 @@ async def test_fenced_json_is_accepted() -> None:
 
 @pytest.mark.parametrize(
     "content",
-    [None, "", "yes, merge them", '{"merge": "perhaps"}', '{"merge": true, "extra": 1}', "[true]",
-     '{"merge": ' * 5000, "\x00\x01", '{"description": "' + "x" * 100_000 + '"}'],
+    [
+        None,
+        "",
+        "yes, merge them",
+        '{"merge": "perhaps"}',
+        '{"merge": true, "extra": 1}',
+        "[true]",
+        '{"merge": ' * 5000,
+        "\x00\x01",
+        '{"description": "' + "x" * 100_000 + '"}',
+    ],
 )
 async def test_nonsense_merge_answers_mean_no_merge_and_are_counted(content: str | None) -> None:
     llm, metrics, _ = make(answer(content))

@@ -1,0 +1,276 @@
+"""The live component: hooks, bounded labels, outcomes, re-clustering with stable ids, drift."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.clustering.config import ClusteringConfig
+from sidecar.clustering.embed import Matrix
+from sidecar.clustering.live import OTHER, UNKNOWN, GoalClusterer, metric_label
+from sidecar.clustering.llm import ExtractiveGoalLLM, MergeQuery
+from sidecar.errors import RetryableError
+from sidecar.lifecycle import Component, HealthReporter
+from sidecar.state.hooks import ConversationHooks, TurnContext
+from sidecar.transcript.model import Message
+from tests.clustering.fakes import HashEmbedder
+
+GOALS = {
+    "flight": "book flight airline ticket airport departure",
+    "restaurant": "reserve restaurant table dinner cuisine",
+    "car": "rent car vehicle pickup rental",
+    "weather": "weather forecast rain sunny temperature",
+    "bank": "bank account balance transfer money",
+}
+
+
+def ctx(cid: str, *user_texts: str) -> TurnContext:
+    msgs: list[Message] = []
+    for t in user_texts:
+        msgs += [Message("user", t), Message("assistant", "ok, anything else?")]
+    return TurnContext("conversation_ended", cid, len(user_texts), tuple(msgs), "agent", None, end_reason="end_event")
+
+
+def conv(goal: str, i: int) -> TurnContext:
+    words = GOALS[goal].split()
+    rot = words[i % len(words) :] + words[: i % len(words)]
+    return ctx(f"{goal}-{i}", " ".join(rot[:4]), f"also {rot[-1]} please")
+
+
+def config(**kw: Any) -> ClusteringConfig:
+    base: dict[str, Any] = {
+        "enabled": True,
+        "k1": 8,
+        "min_conversations": 20,
+        "reservoir_size": 400,
+        "recluster_interval_seconds": 3600,
+        "keyword_min_document_frequency": 2,
+        "merge_similarity_threshold": 0.7,
+        "top_n_labels": 10,
+        "drift_min_assignments": 20,
+    }
+    base.update(kw)
+    return ClusteringConfig(**base)
+
+
+def make(cfg: ClusteringConfig | None = None, **kw: Any) -> GoalClusterer:
+    cfg = cfg or config()
+    return GoalClusterer(
+        cfg,
+        CollectorRegistry(),
+        llm=kw.pop("llm", ExtractiveGoalLLM(cfg)),
+        embedder=kw.pop("embedder", HashEmbedder(dim=512)),
+    )
+
+
+async def feed(gc: GoalClusterer, goals: Sequence[str], per_goal: int, start: int = 0) -> list[str]:
+    labels = []
+    for i in range(start, start + per_goal):
+        for g in goals:
+            labels.append(await gc.goal_label(conv(g, i)))
+    return labels
+
+
+def test_protocols() -> None:
+    gc = make()
+    assert isinstance(gc, Component) and isinstance(gc, HealthReporter)
+    hooks: ConversationHooks = gc
+    assert hooks is gc
+
+
+async def test_before_any_clustering_labels_are_unknown_then_first_run_starts_by_itself() -> None:
+    gc = make()
+    await gc.start()
+    try:
+        out = await gc.on_conversation_ended(conv("flight", 0))
+        assert out == {"goal_id": None, "goal": UNKNOWN}
+        await feed(gc, ["flight", "restaurant", "car"], 8, start=1)
+        for _ in range(200):
+            if gc.snapshot()["clusters"]:
+                break
+            await asyncio.sleep(0.05)
+        snap = gc.snapshot()
+        assert snap["runs"] == 1 and snap["last_run"]["trigger"] == "initial"
+        assert {c["size"] for c in snap["clusters"]} and len(snap["clusters"]) == 3
+        out = await gc.on_conversation_ended(conv("car", 99))
+        assert out["goal_id"] in {c["id"] for c in snap["clusters"]}
+        assert "car" in out["goal"]
+    finally:
+        await gc.stop()
+    await gc.stop()  # idempotent
+
+
+async def test_labels_are_bounded_to_top_n_plus_other_and_unknown() -> None:
+    gc = make(config(top_n_labels=2))
+    await feed(gc, list(GOALS), 10)
+    assert await gc.recluster() is True
+    snap = gc.snapshot()
+    assert len(snap["clusters"]) == 5
+    named = [c["metric_label"] for c in snap["clusters"][:2]]
+    assert all(c["metric_label"] == OTHER for c in snap["clusters"][2:])
+    seen = set(await feed(gc, list(GOALS), 3, start=50))
+    assert seen <= set(named) | {OTHER, UNKNOWN}
+    assert OTHER in seen
+    empty = await gc.goal_label(ctx("silent"))  # no user message at all
+    assert empty == UNKNOWN
+
+
+async def test_completion_rate_per_goal_with_outcomes_before_or_after_assignment() -> None:
+    gc = make()
+    await feed(gc, ["flight", "bank"], 12)
+    await gc.recluster()
+    gc.record_outcome("flight-100", True)  # verdict first
+    await gc.goal_label(conv("flight", 100))
+    await gc.goal_label(conv("flight", 101))
+    gc.record_outcome("flight-101", False)  # verdict after
+    gc.record_outcome("flight-101", False)  # repeated: counted once
+    await gc.goal_label(conv("bank", 100))
+    gc.record_outcome("bank-100", None)  # unknown verdict: not counted
+    by_label = {c["label"]: c for c in gc.snapshot()["clusters"]}
+    flight = next(c for lab, c in by_label.items() if "flight" in lab or "airline" in lab)
+    assert (flight["complete"], flight["incomplete"], flight["completion_rate"]) == (1, 1, 0.5)
+    bank = next(c for lab, c in by_label.items() if "bank" in lab or "account" in lab)
+    assert bank["completion_rate"] is None
+    gc.record_outcome("never-seen", True)  # harmless
+
+
+async def test_outcomes_in_the_reservoir_carry_into_the_next_clustering() -> None:
+    gc = make()
+    await feed(gc, ["flight", "bank"], 12)
+    for i in range(12):
+        gc.record_outcome(f"flight-{i}", i % 3 == 0)
+    await gc.recluster()
+    flight = next(c for c in gc.snapshot()["clusters"] if c["size"] == 12 and c["complete"] + c["incomplete"])
+    assert (flight["complete"], flight["incomplete"]) == (4, 8)
+
+
+async def test_ids_are_stable_across_reclusterings_and_never_reused() -> None:
+    gc = make()
+    await feed(gc, ["flight", "restaurant", "car"], 10)
+    await gc.recluster()
+    first = {c["label"]: c["id"] for c in gc.snapshot()["clusters"]}
+    await feed(gc, ["flight", "restaurant", "car"], 5, start=10)
+    await gc.recluster()
+    second = {c["label"]: c["id"] for c in gc.snapshot()["clusters"]}
+    assert sorted(first.values()) == sorted(second.values())
+    await feed(gc, ["weather"], 30)
+    await gc.recluster()
+    third = gc.snapshot()["clusters"]
+    ids = [c["id"] for c in third]
+    assert len(ids) == 4 and set(first.values()) < set(ids)
+    new = (set(ids) - set(first.values())).pop()
+    assert new not in first.values() and new == "g4"
+
+
+async def test_drift_triggers_an_early_reclustering() -> None:
+    gc = make(config(drift_ratio=1.5, drift_min_assignments=15, drift_ema_alpha=0.3, reservoir_size=1000))
+    await feed(gc, ["flight", "restaurant"], 15)
+    await gc.recluster("manual")
+    await gc.start()
+    try:
+        await feed(gc, ["weather", "bank"], 15, start=200)  # far from every centroid
+        for _ in range(200):
+            if gc.snapshot()["runs"] >= 2:
+                break
+            await asyncio.sleep(0.05)
+        snap = gc.snapshot()
+        assert snap["runs"] >= 2 and snap["last_run"]["trigger"] == "drift"
+    finally:
+        await gc.stop()
+
+
+class ThreadRecordingEmbedder(HashEmbedder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def embed(self, texts: Sequence[str]) -> Matrix:
+        self.threads.add(threading.get_ident())
+        return super().embed(texts)
+
+
+async def test_embedding_runs_off_the_event_loop_thread() -> None:
+    emb = ThreadRecordingEmbedder()
+    gc = make(embedder=emb)
+    await feed(gc, ["flight", "car"], 12)
+    await gc.recluster()
+    assert emb.threads and threading.get_ident() not in emb.threads
+
+
+class FailingEmbedder:
+    def embed(self, texts: Sequence[str]) -> Matrix:
+        raise RuntimeError("model exploded")
+
+
+async def test_embedding_failure_costs_a_label_not_the_hook() -> None:
+    gc = make(embedder=FailingEmbedder())
+    assert await gc.on_conversation_ended(conv("car", 1)) == {"goal_id": None, "goal": UNKNOWN}
+    assert gc.metrics.assignments.labels("error")._value.get() == 1
+
+
+class OutageLLM(ExtractiveGoalLLM):
+    async def should_merge(self, query: MergeQuery) -> bool:
+        raise RetryableError("down")
+
+
+async def test_llm_outage_keeps_the_old_clusters() -> None:
+    cfg = config()
+    gc = make(cfg)
+    await feed(gc, ["flight", "car"], 12)
+    assert await gc.recluster()
+    before = gc.snapshot()["clusters"]
+    gc._llm = OutageLLM(cfg)
+    assert await gc.recluster("schedule") is False
+    assert gc.snapshot()["clusters"] == before
+    assert gc.metrics.runs.labels("schedule", "error")._value.get() == 1
+    assert "RetryableError" in gc.health().detail and gc.health().ready
+
+
+async def test_replayed_end_hook_and_hostile_input_stay_bounded() -> None:
+    gc = make(config(reservoir_size=30, min_conversations=10))
+    for _ in range(3):
+        gc._pending.clear()  # as after a restart: the hook fires again for the same conversation
+        await gc.on_conversation_ended(conv("car", 1))
+    assert gc.snapshot()["reservoir_conversations"] == 1
+    huge = ctx("huge", "x" * 1_000_000 + " \x00\u202e car rental")
+    await gc.on_conversation_ended(huge)
+    item = gc._reservoir.get("huge")
+    assert item is not None and len(item.summary) <= gc._cfg.max_summary_chars
+    await feed(gc, list(GOALS), 20)
+    assert gc.snapshot()["reservoir_conversations"] == 30
+
+
+async def test_not_enough_data_skips_and_disabled_does_nothing() -> None:
+    gc = make()
+    await feed(gc, ["car"], 3)
+    assert await gc.recluster() is False
+    off = make(config(enabled=False))
+    await off.start()
+    assert off._task is None and off.health().detail == "disabled"
+    await off.stop()
+
+
+def test_metric_label_is_safe() -> None:
+    assert metric_label('Book "Flights"\n{x="1"}', 48) == "book flights x 1"
+    assert len(metric_label("a" * 500, 48)) == 48
+    assert metric_label("", 48) == "unnamed" and metric_label("Other", 48) == "unnamed"
+
+
+@pytest.mark.parametrize("n", [1, 5])
+async def test_goal_label_and_end_hook_share_one_summary(n: int) -> None:
+    class CountingEmbedder(HashEmbedder):
+        pass
+
+    emb = CountingEmbedder()
+    gc = make(embedder=emb)
+    c = conv("bank", 7)
+    for _ in range(n):
+        await asyncio.gather(gc.goal_label(c), gc.on_conversation_ended(c))
+    assert emb.calls == 1
+    assert np.isfinite(gc._reservoir.get("bank-7").vector).all()  # type: ignore[union-attr]
