@@ -1,0 +1,316 @@
+"""``sidecar demo``: the whole pipeline on a laptop, with no Kafka to install.
+
+It starts librdkafka's mock Kafka cluster in a helper process, runs the sidecar against it (the
+same :func:`sidecar.app.run_app` that ``sidecar run`` uses, with ``kafka.bootstrap_servers``
+pointed at the mock), and replays the bundled sample conversations as contract-v1 events at a set
+rate, several conversations interleaved at once, while showing progress and the sidecar's counters.
+Ctrl-C (or SIGTERM) stops the replay and the pipeline cleanly; a second Ctrl-C cancels at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import itertools
+import math
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from sidecar.config import SidecarConfig, load_config
+from sidecar.demo.display import DemoDisplay
+from sidecar.demo.mock_cluster import MockKafkaCluster
+from sidecar.demo.replay import (
+    Event,
+    SampleError,
+    conversation_events,
+    interleave,
+    load_jsonl_gz,
+    load_sample,
+    produce,
+)
+from sidecar.errors import ConfigError
+from sidecar.telemetry.logging import configure_logging
+
+log = structlog.get_logger()
+
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+MAX_RATE: Final = 1_000_000.0
+MAX_CONCURRENCY: Final = 100_000
+# The pipeline joins the consumer group and rebuilds state before it reports ready; on 2 cores
+# against the mock cluster that takes a few seconds. Past this, the replay starts anyway (the
+# consumer reads from the earliest offset, so nothing is missed) and says so.
+READY_TIMEOUT_SECONDS: Final = 60.0
+# After stop, the pipeline drains in-flight effects and commits; give it this long, then cancel.
+STOP_TIMEOUT_SECONDS: Final = 30.0
+
+
+class Pipeline(Protocol):
+    """The shape of :func:`sidecar.app.run_app` the demo relies on."""
+
+    def __call__(
+        self,
+        config: SidecarConfig,
+        *,
+        ready: asyncio.Event | None = ...,
+        stop: asyncio.Event | None = ...,
+        registry: CollectorRegistry | None = ...,
+    ) -> Coroutine[Any, Any, None]: ...
+
+
+def _number(text: str, kind: Callable[[str], float], low: float, high: float, what: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be a number, not {text!r}") from None
+    if not (math.isfinite(value) and low <= value <= high):
+        raise argparse.ArgumentTypeError(f"{what} must be between {low:g} and {high:g}, not {text!r}")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = _number(text, float, 0.0, MAX_RATE, "--rate")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--rate must be more than 0 events per second, not {text!r}")
+    return float(value)
+
+
+def _count(what: str, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        return int(_number(text, int, 1, high, what))
+
+    return parse
+
+
+def _port(text: str) -> int:
+    return int(_number(text, int, 0, 65535, "--http-port"))
+
+
+def _seconds(text: str) -> float:
+    return float(_number(text, float, 0.0, 31_536_000.0, "--linger"))
+
+
+def add_demo_parser(subparsers: Any, add_config_arg: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register ``sidecar demo`` on the root parser's subparsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "demo", help="replay sample conversations through the sidecar on a local mock Kafka",
+        description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else None,
+    )
+    add_config_arg(p)
+    p.add_argument("--rate", type=_rate, default=200.0, metavar="EVENTS_PER_S",
+                   help="events produced per second (default 200)")
+    p.add_argument("--conversations", type=_count("--conversations", 10_000_000), default=None, metavar="N",
+                   help="replay the first N conversations (default: all of the sample)")
+    p.add_argument("--concurrency", type=_count("--concurrency", MAX_CONCURRENCY), default=20, metavar="N",
+                   help="conversations in progress at once, their events interleaved (default 20)")
+    p.add_argument("--loop", action="store_true",
+                   help="replay forever, each round under new conversation ids")
+    p.add_argument("--seed", type=int, default=0, help="seed of the interleaving (default 0)")
+    p.add_argument("--http-port", type=_port, default=None, metavar="PORT",
+                   help="serve /metrics, /healthz, /readyz here (0: any free port; default: config)")
+    p.add_argument("--input", type=Path, default=None, metavar="FILE",
+                   help="replay this gzipped JSONL file of conversations instead of the bundled sample")
+    p.add_argument("--linger", type=_seconds, default=None, metavar="SECONDS",
+                   help="stop this long after the last event (default: keep running until Ctrl-C)")
+    p.set_defaults(handler=run_demo)
+
+
+def demo_events(records: Sequence[dict[str, Any]], *, loop: bool, concurrency: int, seed: int) -> Iterator[Event]:
+    """The replay stream: every record once (or forever, round r under ids ``<id>#r<r>``), interleaved."""
+
+    def conversations() -> Iterator[list[Event]]:
+        for rnd in itertools.count() if loop else range(1):
+            for rec in records:
+                cid = rec["conversation_id"] if rnd == 0 else f"{rec['conversation_id']}#r{rnd}"
+                yield conversation_events(rec, conversation_id=cid)
+
+    return interleave(conversations(), concurrency=concurrency, seed=seed)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host if host not in ("", "0.0.0.0", "::") else "127.0.0.1", 0))  # noqa: S104 - compared, not bound
+        return int(s.getsockname()[1])
+
+
+def _metrics_url(config: SidecarConfig) -> str:
+    host = config.http.host
+    shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - compared, not bound
+    return f"http://{shown}:{config.http.port}/metrics"
+
+
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is now, so log lines pass through the live display."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
+def _default_pipeline() -> Pipeline:
+    # Resolved at call time: `sidecar --help` and argument errors need not load the whole pipeline.
+    run_app: Pipeline = importlib.import_module("sidecar.app").run_app
+    return run_app
+
+
+def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> int:
+    """``sidecar demo`` handler; returns the process exit code."""
+    try:
+        records = load_sample() if args.input is None else load_jsonl_gz(args.input)
+        base = load_config(args.config)
+    except (SampleError, ConfigError) as exc:
+        print(f"sidecar demo: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.conversations is not None:
+        if args.conversations > len(records):
+            print(f"sidecar demo: --conversations {args.conversations}: only {len(records)} available",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        records = records[: args.conversations]
+    if not records:
+        print("sidecar demo: no conversations to replay", file=sys.stderr)
+        return EXIT_USAGE
+    port = args.http_port if args.http_port is not None else base.http.port
+    if port == 0:
+        # Picked here rather than by the server so the address can be printed before it starts.
+        port = _free_port(base.http.host)
+    try:
+        cluster = MockKafkaCluster()
+        bootstrap = cluster.start()
+    except (RuntimeError, OSError) as exc:
+        print(f"sidecar demo: cannot start the mock Kafka cluster: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        config = load_config(args.config, overrides={"kafka": {"bootstrap_servers": bootstrap},
+                                                     "http": {"port": port}})
+        configure_logging(config.logging, _CurrentStderr())  # type: ignore[arg-type]
+        return asyncio.run(_demo(config, args, records, pipeline or _default_pipeline()))
+    except asyncio.CancelledError:  # a second Ctrl-C cancelled the demo without waiting
+        return 130
+    finally:
+        cluster.stop()
+
+
+async def _demo(config: SidecarConfig, args: argparse.Namespace, records: Sequence[dict[str, Any]],
+                pipeline: Pipeline) -> int:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    registry = CollectorRegistry()
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        stop.set()
+        if signals > 1 and main is not None:
+            main.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, on_signal)
+    total = None if args.loop else sum(len(r["turns"]) + 1 for r in records)
+    url = _metrics_url(config)
+    app = asyncio.create_task(pipeline(config, ready=ready, stop=stop, registry=registry), name="sidecar")
+    try:
+        with DemoDisplay(registry, total=total, metrics_url=url) as display:
+            display.note(f"mock Kafka at {config.kafka.bootstrap_servers}, topic {config.kafka.topic}")
+            display.note(f"metrics at {url} (also /healthz, /readyz); Ctrl-C to stop")
+            if not await _wait_ready(ready, app, display):
+                return await _finish(app, stop, display)
+            events = demo_events(records, loop=args.loop, concurrency=args.concurrency, seed=args.seed)
+            producer = asyncio.create_task(produce(
+                config.kafka.bootstrap_servers, config.kafka.topic, events, rate=args.rate,
+                progress=display.progress, stop=stop, stamp_now=True), name="demo-producer")
+            await asyncio.wait({producer, app}, return_when=asyncio.FIRST_COMPLETED)
+            finished = producer.done() and not stop.is_set() and producer.exception() is None
+            if finished:
+                display.note(f"replayed all {producer.result()} events; "
+                             + ("Ctrl-C to stop" if args.linger is None else f"stopping in {args.linger:g} s"))
+                if not app.done():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(_wait_stop_or_app(stop, app), args.linger)
+            stop.set()
+            produce_error: Exception | None = None
+            try:
+                sent = await producer
+                if not finished:
+                    display.note(f"replay interrupted after {sent} events")
+            except Exception as exc:
+                produce_error = exc
+            code = await _finish(app, stop, display)
+            if produce_error is not None:
+                display.note(f"sidecar demo: producing failed: {produce_error!r}")
+                code = EXIT_FAILURE
+            return code
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        if not app.done():
+            app.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await app
+
+
+async def _wait_stop_or_app(stop: asyncio.Event, app: asyncio.Task[None]) -> None:
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({stopper, app}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+
+
+async def _wait_ready(ready: asyncio.Event, app: asyncio.Task[None], display: DemoDisplay) -> bool:
+    """True once the pipeline is ready (or slow to say so); False if it ended before that."""
+    waiter = asyncio.create_task(ready.wait())
+    try:
+        await asyncio.wait({waiter, app}, timeout=READY_TIMEOUT_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if app.done():
+        return False
+    if not ready.is_set():
+        display.note(f"the sidecar is not ready after {READY_TIMEOUT_SECONDS:.0f} s; replaying anyway")
+    return True
+
+
+async def _finish(app: asyncio.Task[None], stop: asyncio.Event, display: DemoDisplay) -> int:
+    """Stop the pipeline, print the final counters, and turn its outcome into an exit code."""
+    unexpected = app.done() and not stop.is_set()
+    stop.set()
+    try:
+        await asyncio.wait_for(asyncio.shield(app), STOP_TIMEOUT_SECONDS)
+    except TimeoutError:
+        display.note(f"the sidecar did not stop within {STOP_TIMEOUT_SECONDS:.0f} s; cancelling it")
+        app.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await app
+        return EXIT_FAILURE
+    except Exception as exc:
+        display.note(f"sidecar demo: the sidecar failed: {exc!r}")
+        log.exception("demo.pipeline_failed", error_type=type(exc).__name__)
+        return EXIT_FAILURE
+    display.final()
+    if unexpected:
+        display.note("sidecar demo: the sidecar stopped on its own before the demo ended")
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+__all__ = ["Pipeline", "add_demo_parser", "demo_events", "run_demo"]

@@ -1,0 +1,222 @@
+"""``sidecar demo``: argument checking, and full runs on the mock cluster with the real pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import re
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sidecar import cli
+from sidecar.app import run_app
+from sidecar.config import SidecarConfig
+from sidecar.demo import cli as demo_cli
+from sidecar.demo.cli import demo_events
+from sidecar.demo.display import metric_summary
+from sidecar.demo.replay import load_sample
+from sidecar.state.hooks import Outcome, RecordingHooks, TurnContext
+
+FAST = ["--rate", "5000", "--http-port", "0"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--rate", "0"], "--rate must be more than 0"),
+    (["--rate", "-3"], "--rate must be between"),
+    (["--rate", "nan"], "--rate must be between"),
+    (["--rate", "inf"], "--rate must be between"),
+    (["--rate", "fast"], "--rate must be a number"),
+    (["--rate", "1e9"], "--rate must be between"),
+    (["--conversations", "0"], "--conversations must be between"),
+    (["--conversations", "-5"], "--conversations must be between"),
+    (["--conversations", "2.5"], "--conversations must be a number"),
+    (["--concurrency", "0"], "--concurrency must be between"),
+    (["--http-port", "70000"], "--http-port must be between"),
+    (["--http-port", "-1"], "--http-port must be between"),
+    (["--linger", "-1"], "--linger must be between"),
+    (["--seed", "x"], "invalid int value"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--loop", "extra"], "unrecognized arguments: extra"),
+])
+def test_bad_arguments_exit_2_with_a_clear_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ["--rate", "--conversations", "--concurrency", "--loop", "--seed", "--config",
+                 "--http-port", "--input", "--linger"]:
+        assert flag in out
+
+
+def test_more_conversations_than_available_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--conversations", "301", *FAST]) == 2
+    assert "only 300 available" in capsys.readouterr().err
+
+
+def test_missing_or_malformed_input_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--input", str(tmp_path / "nope.jsonl.gz"), *FAST]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(b'{"conversation_id": "a", "turns": [{"role": "hacker"}]}\n'))
+    assert cli.main(["demo", "--input", str(bad), *FAST]) == 2
+    assert "line 1: turn 0 needs a role" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl.gz"
+    empty.write_bytes(gzip.compress(b""))
+    assert cli.main(["demo", "--input", str(empty), *FAST]) == 2
+    assert "no conversations" in capsys.readouterr().err
+
+
+def test_invalid_config_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("kafka:\n  topic: [not, a, string]\n", encoding="utf-8")
+    assert cli.main(["demo", "--config", str(cfg), *FAST]) == 2
+    assert "kafka.topic" in capsys.readouterr().err
+
+
+def test_demo_events_rounds_use_fresh_ids() -> None:
+    records = load_sample()[:3]
+    once = list(demo_events(records, loop=False, concurrency=2, seed=0))
+    assert len(once) == sum(len(r["turns"]) + 1 for r in records)
+    stream = demo_events(records, loop=True, concurrency=2, seed=0)
+    three_rounds = [next(stream) for _ in range(3 * len(once))]
+    ids = {e["conversation_id"] for e in three_rounds}
+    base = {r["conversation_id"] for r in records}
+    assert base <= ids
+    assert {f"{c}#r1" for c in base} <= ids
+    assert len({e["event_id"] for e in three_rounds}) == len(three_rounds)
+
+
+def test_metric_summary_sums_labels_and_skips_histograms() -> None:
+    reg = CollectorRegistry()
+    c = Counter("sidecar_x_total", "x", ["kind"], registry=reg)
+    c.labels("a").inc(2)
+    c.labels("b").inc(3)
+    Gauge("sidecar_open", "open", registry=reg).set(7)
+    Histogram("sidecar_latency_seconds", "h", registry=reg).observe(1.0)
+    Counter("other_total", "not ours", registry=reg).inc()
+    assert metric_summary(reg) == [("sidecar_open", 7.0), ("sidecar_x_total", 5.0)]
+
+
+class _IdHooks(RecordingHooks):
+    """The real no-op hook set, also remembering which conversations it saw end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: set[str] = set()
+
+    def on_conversation_ended(self, ctx: TurnContext) -> Awaitable[Outcome]:
+        self.ended.add(ctx.conversation_id)
+        return super().on_conversation_ended(ctx)
+
+
+def _interrupt_when(done: Callable[[CollectorRegistry, _IdHooks], bool], hooks: _IdHooks,
+                    timeout_seconds: float = 90.0) -> demo_cli.Pipeline:
+    """The real run_app, plus a watcher that presses Ctrl-C (SIGINT to this process) once done()."""
+
+    async def pipeline(config: SidecarConfig, *, ready: asyncio.Event | None = None,
+                       stop: asyncio.Event | None = None, registry: CollectorRegistry | None = None) -> None:
+        assert registry is not None
+
+        async def watch() -> None:
+            deadline = time.monotonic() + timeout_seconds
+            while not done(registry, hooks) and time.monotonic() < deadline:  # noqa: ASYNC110 - polls metrics
+                await asyncio.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await run_app(config, hooks=hooks, ready=ready, stop=stop, registry=registry)
+        finally:
+            watcher.cancel()
+
+    return pipeline
+
+
+def _consumed(registry: CollectorRegistry) -> float:
+    return registry.get_sample_value("sidecar_events_consumed_total") or 0.0
+
+
+def _run(argv: list[str], pipeline: demo_cli.Pipeline) -> int:
+    args = cli.build_parser().parse_args(["demo", *argv])
+    return demo_cli.run_demo(args, pipeline=pipeline)
+
+
+def test_full_demo_runs_the_real_pipeline_and_stops_on_ctrl_c(capsys: pytest.CaptureFixture[str]) -> None:
+    records = load_sample()[:4]
+    total = sum(len(r["turns"]) + 1 for r in records)
+    hooks = _IdHooks()
+    pipeline = _interrupt_when(lambda reg, h: _consumed(reg) >= total and len(h.ended) == 4, hooks)
+    assert _run(["--conversations", "4", "--concurrency", "3", *FAST], pipeline) == 0
+    out = capsys.readouterr().out
+    assert "metrics at http://127.0.0.1:" in out
+    assert f"replayed all {total} events; Ctrl-C to stop" in out
+    assert hooks.ended == {r["conversation_id"] for r in records}
+    summary = {line.split()[1]: line.split()[3] for line in out.splitlines() if line.startswith("│ sidecar_")}
+    assert summary["sidecar_events_consumed_total"] == str(total)
+    assert summary["sidecar_events_dead_lettered_total"] == "0"
+    assert summary["sidecar_conversations_finalised_total"] == "4"
+
+
+def test_loop_replays_under_new_ids_until_ctrl_c(capsys: pytest.CaptureFixture[str]) -> None:
+    hooks = _IdHooks()
+    base = {r["conversation_id"] for r in load_sample()[:2]}
+    second_round = {f"{c}#r1" for c in base}
+    pipeline = _interrupt_when(lambda reg, h: base | second_round <= h.ended, hooks)
+    assert _run(["--conversations", "2", "--loop", "--rate", "500", "--http-port", "0"], pipeline) == 0
+    assert base | second_round <= hooks.ended
+    assert all(c.split("#")[0] in base for c in hooks.ended)
+    one_round = sum(len(r["turns"]) + 1 for r in load_sample()[:2])
+    [replayed] = re.findall(r"replay interrupted after (\d+) events", capsys.readouterr().out)
+    assert int(replayed) > 2 * one_round
+
+
+def test_pipeline_failure_is_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    async def broken(config: SidecarConfig, **_: Any) -> None:
+        raise RuntimeError("cannot reach vLLM")
+
+    assert _run(["--conversations", "1", *FAST], broken) == 1
+    assert "the sidecar failed: RuntimeError('cannot reach vLLM')" in capsys.readouterr().out
+
+
+def test_pipeline_exiting_on_its_own_is_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    async def quits(config: SidecarConfig, **_: Any) -> None:
+        await asyncio.sleep(0)
+
+    assert _run(["--conversations", "1", *FAST], quits) == 1
+    assert "stopped on its own" in capsys.readouterr().out
+
+
+def test_slow_to_ready_pipeline_still_gets_the_events(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(demo_cli, "READY_TIMEOUT_SECONDS", 0.2)
+    seen: list[int] = []
+
+    async def never_ready(config: SidecarConfig, *, ready: asyncio.Event | None = None,
+                          stop: asyncio.Event | None = None, registry: CollectorRegistry | None = None) -> None:
+        assert stop is not None
+        seen.append(config.http.port)
+        await stop.wait()
+
+    assert _run(["--conversations", "2", "--linger", "0", *FAST], never_ready) == 0
+    out = capsys.readouterr().out
+    assert "not ready after 0 s; replaying anyway" in out
+    total = sum(len(r["turns"]) + 1 for r in load_sample()[:2])
+    assert f"replayed all {total} events; stopping in 0 s" in out
+    assert seen and seen[0] > 0  # --http-port 0 was resolved to a real port before the start
