@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
 from aiokafka import AIOKafkaConsumer
 
 from sidecar.demo.mock_cluster import MockKafkaCluster
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """`sidecar demo` configures logging for the process; undo it so other tests see the defaults."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.reset_defaults()
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="module")
