@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import os
 import re
+import select
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -220,3 +224,36 @@ def test_slow_to_ready_pipeline_still_gets_the_events(
     total = sum(len(r["turns"]) + 1 for r in load_sample()[:2])
     assert f"replayed all {total} events; stopping in 0 s" in out
     assert seen and seen[0] > 0  # --http-port 0 was resolved to a real port before the start
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_real_process_stops_cleanly_on_signal(sig: signal.Signals) -> None:
+    """`python -m sidecar demo` as a user runs it: the signal comes from outside, exit is clean."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "demo", "--conversations", "3", "--rate", "2000", "--http-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "SIDECAR_LOGGING__FORMAT": "json"},
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        deadline = time.monotonic() + 120
+        while "replayed all" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                seen += line
+        assert "replayed all 77 events" in seen
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err
+    assert "sidecar_events_consumed_total" in out
+    events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
+    assert events[-1] == "sidecar.stopped"

@@ -330,3 +330,17 @@ async def test_port_in_use_raises_and_leaves_server_stoppable() -> None:
         await srv.stop()
         with pytest.raises(RuntimeError):
             _ = srv.port
+
+
+class _BrokenCollector:
+    def collect(self) -> list[object]:
+        raise RuntimeError("collector bug")
+
+
+async def test_failing_collector_gives_500_and_server_survives() -> None:
+    reg = CollectorRegistry()
+    async with HttpServer(_config(), reg, []) as srv:
+        reg.register(_BrokenCollector())  # type: ignore[arg-type]
+        async with aiohttp.ClientSession() as s, s.get(_url(srv, "/metrics")) as r:
+            assert r.status == 500
+        await _still_healthy(srv)
