@@ -231,7 +231,7 @@ async def _demo(config: SidecarConfig, args: argparse.Namespace, records: Sequen
         with DemoDisplay(registry, total=total, metrics_url=url) as display:
             display.note(f"mock Kafka at {config.kafka.bootstrap_servers}, topic {config.kafka.topic}")
             display.note(f"metrics at {url} (also /healthz, /readyz); Ctrl-C to stop")
-            if not await _wait_ready(ready, app, display):
+            if not await _wait_ready(ready, stop, app, display):
                 return await _finish(app, stop, display)
             events = demo_events(records, loop=args.loop, concurrency=args.concurrency, seed=args.seed)
             producer = asyncio.create_task(produce(
@@ -276,14 +276,16 @@ async def _wait_stop_or_app(stop: asyncio.Event, app: asyncio.Task[None]) -> Non
         stopper.cancel()
 
 
-async def _wait_ready(ready: asyncio.Event, app: asyncio.Task[None], display: DemoDisplay) -> bool:
-    """True once the pipeline is ready (or slow to say so); False if it ended before that."""
-    waiter = asyncio.create_task(ready.wait())
+async def _wait_ready(ready: asyncio.Event, stop: asyncio.Event, app: asyncio.Task[None],
+                      display: DemoDisplay) -> bool:
+    """True once the pipeline is ready (or slow to say so); False if it ended or Ctrl-C came first."""
+    waiters = {asyncio.create_task(ready.wait()), asyncio.create_task(stop.wait())}
     try:
-        await asyncio.wait({waiter, app}, timeout=READY_TIMEOUT_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({*waiters, app}, timeout=READY_TIMEOUT_SECONDS, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        waiter.cancel()
-    if app.done():
+        for waiter in waiters:
+            waiter.cancel()
+    if app.done() or stop.is_set():
         return False
     if not ready.is_set():
         display.note(f"the sidecar is not ready after {READY_TIMEOUT_SECONDS:.0f} s; replaying anyway")

@@ -257,3 +257,16 @@ def test_real_process_stops_cleanly_on_signal(sig: signal.Signals) -> None:
     assert "sidecar_events_consumed_total" in out
     events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
     assert events[-1] == "sidecar.stopped"
+
+
+def test_ctrl_c_before_ready_stops_without_replaying(capsys: pytest.CaptureFixture[str]) -> None:
+    async def slow_start(config: SidecarConfig, *, ready: asyncio.Event | None = None,
+                         stop: asyncio.Event | None = None, registry: CollectorRegistry | None = None) -> None:
+        assert stop is not None
+        asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGINT)
+        await stop.wait()
+
+    assert _run(["--conversations", "1", *FAST], slow_start) == 0
+    out = capsys.readouterr().out
+    assert "replay" not in out
+    assert "not ready" not in out
