@@ -152,6 +152,9 @@ class HttpServer:
         except web.HTTPException as exc:
             self._metrics.requests.labels(label, str(exc.status)).inc()
             raise
+        except Exception:
+            self._metrics.requests.labels(label, "500").inc()  # aiohttp answers 500 for it
+            raise
         self._metrics.requests.labels(label, str(response.status)).inc()
         return response
 
