@@ -30,5 +30,10 @@ class StateConfig(BaseModel):
         2_000, ge=2, le=1_000_000,
         description="Further messages of a longer conversation are dead-lettered (too_long).",
     )
+    finished_memory: int = Field(
+        100_000, ge=0, le=10_000_000,
+        description="Ids of this many recently finished conversations are remembered, so a late or "
+        "redelivered event is dead-lettered (conversation_finished) instead of reopening one.",
+    )
     sweep_interval_seconds: float = Field(1.0, gt=0, le=3600,
                                           description="How often TTL and debounce timers are checked.")

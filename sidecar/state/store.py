@@ -67,6 +67,8 @@ class PartitionState:
         self._lru: OrderedDict[str, None] = OrderedDict()
         # Conversations whose open turn waits for the debounce, oldest deadline first.
         self._debounce: OrderedDict[str, float] = OrderedDict()
+        # Recently finished conversations (bounded, oldest forgotten first).
+        self._finished: OrderedDict[str, None] = OrderedDict()
         self.text_bytes = 0
         self.evicted = 0
 
@@ -85,6 +87,8 @@ class PartitionState:
         """Apply one event; return the triggers it causes or raise :class:`Rejected`."""
         conv = self.conversations.get(event.conversation_id)
         if conv is None:
+            if event.conversation_id in self._finished:
+                raise Rejected("conversation_finished", "event for a conversation that already ended")
             if event.seq != 0:
                 raise Rejected(
                     "seq_gap", f"unknown or finished conversation; expected seq 0, got {event.seq}"
@@ -191,6 +195,10 @@ class PartitionState:
         self._lru.pop(cid, None)
         self._debounce.pop(cid, None)
         self.text_bytes -= conv.text_bytes
+        if self._cfg.finished_memory:
+            self._finished[cid] = None
+            if len(self._finished) > self._cfg.finished_memory:
+                self._finished.popitem(last=False)
         return out
 
     def _enforce_caps(self, protect: str) -> Iterator[Trigger]:

@@ -77,6 +77,9 @@ def test_order_and_idempotency_reasons() -> None:
     with pytest.raises(Rejected, match="empty_conversation"):
         s.apply(mk("new", 0, end=True), 6, 0, 0)
     assert [m.content for m in s.conversations["c"].messages] == ["hello"]
+    s.apply(mk("c", 1, end=True), 7, 0, 0)
+    with pytest.raises(Rejected, match="conversation_finished"):
+        s.apply(mk("c", 0), 8, 0, 0)  # a redelivered first event must not reopen it
 
 
 def test_caps_evict_least_recently_active_first() -> None:

@@ -1,0 +1,132 @@
+"""Helpers for tests against librdkafka's mock cluster: run the sidecar as a real process,
+produce events, read topics back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def shared_dir() -> Path:
+    return Path(os.environ.get("SIDECAR_SHARED_DIR", REPO.parent / "shared"))
+
+
+def write_config(path: Path, bootstrap: str, topic: str, **sections: Mapping[str, Any]) -> Path:
+    cfg: dict[str, Any] = {
+        "kafka": {
+            "bootstrap_servers": bootstrap, "topic": topic, "group_id": f"g-{topic}",
+            "dead_letter_topic": f"{topic}.dlq", "results_topic": f"{topic}.results",
+            "commit_interval_seconds": 0.5, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
+        },
+        "http": {"host": "127.0.0.1", "port": 0},
+        "logging": {"format": "json", "level": "info"},
+    }
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class SidecarProcess:
+    """``sidecar run`` in a child process, killable with SIGKILL."""
+
+    def __init__(self, config: Path, log_path: Path) -> None:
+        self.config = config
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "run", "--config", str(self.config)],
+            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return -9
+        return int(self.proc.returncode)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes]]) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    n = 0
+    try:
+        futs = []
+        for key, value in records:
+            futs.append(await producer.send(topic, value=value, key=key))
+            n += 1
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+    return n
+
+
+async def read_topic(bootstrap: str, topic: str, *, idle_seconds: float = 2.0) -> list[Any]:
+    """Every record currently in ``topic`` (all partitions), read without a group."""
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                         auto_offset_reset="earliest")
+    await c.start()
+    try:
+        parts = c.partitions_for_topic(topic) or set()
+        if not parts:
+            await c._client.force_metadata_update()
+            parts = c.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return []
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        end = await c.end_offsets(tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            positions = [await c.position(tp) for tp in tps]
+            if all(pos >= end[tp] for pos, tp in zip(positions, tps, strict=True)):
+                break
+            batch = await c.getmany(timeout_ms=int(idle_seconds * 1000), max_records=10_000)
+            for recs in batch.values():
+                out.extend(recs)
+        return out
+    finally:
+        await c.stop()
+
+
+def result_keys(records: Iterable[Any]) -> list[tuple[str, int, str]]:
+    keys = []
+    for r in records:
+        v = json.loads(r.value)
+        turn = 0 if v["kind"] == "conversation_ended" else v["turn"]
+        keys.append((v["conversation_id"], turn, v["kind"]))
+    return keys
