@@ -40,8 +40,10 @@ _ROUTE_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 MAX_LINE_BYTES: Final = 8190
 MAX_FIELD_BYTES: Final = 8190
 MAX_HEADERS: Final = 64
-# Idle keep-alive connections are closed after this long: Prometheus scrapes every 15-60 s and
-# reconnects cheaply, so holding sockets longer only helps a client that hoards connections.
+# Idle connections are closed after this long, including ones that never finish sending a request
+# (aiohttp applies it before the first request too, which bounds slow-header clients). Prometheus
+# scrapes every 15-60 s and reconnects cheaply, so holding sockets longer only helps a client
+# that hoards connections.
 KEEPALIVE_TIMEOUT_SECONDS: Final = 15.0
 # After refusing a request whose body was not read (413), aiohttp drains the socket for up to this
 # long before closing so the client sees the response instead of a reset. aiohttp's 10 s default
