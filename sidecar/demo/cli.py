@@ -196,8 +196,9 @@ def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> i
         print(f"sidecar demo: cannot start the mock Kafka cluster: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     try:
-        config = load_config(args.config, overrides={"kafka": {"bootstrap_servers": bootstrap},
-                                                     "http": {"port": port}})
+        # The mock cluster speaks plaintext only: a production file's TLS/SASL settings cannot apply.
+        kafka = {"bootstrap_servers": bootstrap, "security_protocol": "PLAINTEXT"}
+        config = load_config(args.config, overrides={"kafka": kafka, "http": {"port": port}})
         configure_logging(config.logging, _CurrentStderr())  # type: ignore[arg-type]
         return asyncio.run(_demo(config, args, records, pipeline or _default_pipeline()))
     except asyncio.CancelledError:  # a second Ctrl-C cancelled the demo without waiting

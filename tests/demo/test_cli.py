@@ -207,23 +207,30 @@ def test_pipeline_exiting_on_its_own_is_exit_1(capsys: pytest.CaptureFixture[str
 
 
 def test_slow_to_ready_pipeline_still_gets_the_events(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.setattr(demo_cli, "READY_TIMEOUT_SECONDS", 0.2)
-    seen: list[int] = []
+    seen: list[SidecarConfig] = []
+    production = tmp_path / "prod.yaml"
+    production.write_text("kafka:\n  bootstrap_servers: kafka.prod:9093\n  security_protocol: SSL\n"
+                          "  topic: agents.prod\n", encoding="utf-8")
 
     async def never_ready(config: SidecarConfig, *, ready: asyncio.Event | None = None,
                           stop: asyncio.Event | None = None, registry: CollectorRegistry | None = None) -> None:
         assert stop is not None
-        seen.append(config.http.port)
+        seen.append(config)
         await stop.wait()
 
-    assert _run(["--conversations", "2", "--linger", "0", *FAST], never_ready) == 0
+    assert _run(["--conversations", "2", "--linger", "0", "--config", str(production), *FAST], never_ready) == 0
     out = capsys.readouterr().out
     assert "not ready after 0 s; replaying anyway" in out
     total = sum(len(r["turns"]) + 1 for r in load_sample()[:2])
     assert f"replayed all {total} events; stopping in 0 s" in out
-    assert seen and seen[0] > 0  # --http-port 0 was resolved to a real port before the start
+    [config] = seen
+    assert config.http.port > 0  # --http-port 0 was resolved to a real port before the start
+    assert config.kafka.security_protocol == "PLAINTEXT"  # the mock cluster's, not the file's
+    assert config.kafka.bootstrap_servers.startswith("127.0.0.1:")
+    assert config.kafka.topic == "agents.prod"  # everything else comes from the file
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
