@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import structlog
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from sidecar.telemetry.config import LoggingConfig
@@ -195,3 +197,34 @@ def test_non_ascii_and_control_characters_stay_one_json_line() -> None:
     lines = out.getvalue().rstrip("\n").split("\n")
     assert len(lines) == 1
     assert json.loads(lines[0])["reason"] == "bad\nline\u2028\x00é"
+
+
+SENTINEL = "SENSITIVE-USER-TEXT"
+_keys = st.sampled_from([*sorted(TEXT_FIELDS), "role", "turn", "meta", "items"])
+_values: st.SearchStrategy[Any] = st.recursive(
+    st.one_of(st.integers(), st.just("plain"), st.none()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(_keys, inner, max_size=4),
+    ),
+    max_leaves=40,
+)
+
+
+def _plant(value: Any) -> Any:
+    """Put the sentinel under every text-field key of a generated structure."""
+    if isinstance(value, dict):
+        return {k: (SENTINEL if k in TEXT_FIELDS else _plant(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plant(v) for v in value]
+    return value
+
+
+@settings(max_examples=100, deadline=None)
+@given(fields=st.dictionaries(_keys, _values, max_size=5))
+def test_no_text_field_value_ever_reaches_the_output(fields: dict[str, Any]) -> None:
+    out = io.StringIO()
+    configure_logging(LoggingConfig(), stream=out)
+    structlog.get_logger().info("fuzz.event", **_plant(fields))
+    assert SENTINEL not in out.getvalue()
+    assert json.loads(out.getvalue())["event"] == "fuzz.event"
