@@ -69,8 +69,9 @@ class DemoDisplay:
 
     def progress(self, produced: int) -> None:
         """Producer callback: ``produced`` events handed to Kafka so far."""
-        if produced == 1 or self._produced == 0:
-            self._t0 = time.monotonic()  # the rate counts from the first event, not the start-up
+        if self._produced == 0:
+            # The rate counts from the first event, not from the start-up; so does the status line.
+            self._t0 = self._last_plain = time.monotonic()
         self._produced = produced
         if self._live is None:
             now = time.monotonic()
