@@ -182,7 +182,7 @@ def test_loop_replays_under_new_ids_until_ctrl_c(capsys: pytest.CaptureFixture[s
     base = {r["conversation_id"] for r in load_sample()[:2]}
     second_round = {f"{c}#r1" for c in base}
     pipeline = _interrupt_when(lambda reg, h: base | second_round <= h.ended, hooks)
-    assert _run(["--conversations", "2", "--loop", "--rate", "500", "--http-port", "0"], pipeline) == 0
+    assert _run(["--conversations", "2", "--loop", "--rate", "200", "--http-port", "0"], pipeline) == 0
     assert base | second_round <= hooks.ended
     assert all(c.split("#")[0] in base for c in hooks.ended)
     one_round = sum(len(r["turns"]) + 1 for r in load_sample()[:2])
