@@ -104,7 +104,11 @@ def add_demo_parser(subparsers: Any, add_config_arg: Callable[[argparse.Argument
     """Register ``sidecar demo`` on the root parser's subparsers."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "demo", help="replay sample conversations through the sidecar on a local mock Kafka",
-        description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else None,
+        description=(
+            "Start a mock Kafka cluster, run the sidecar against it, and replay sample conversations "
+            "(bundled, or --input) as events at --rate, --concurrency conversations interleaved. "
+            "Ctrl-C stops everything cleanly."
+        ),
     )
     add_config_arg(p)
     p.add_argument("--rate", type=_rate, default=200.0, metavar="EVENTS_PER_S",
