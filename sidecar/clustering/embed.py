@@ -8,6 +8,7 @@ sidecar must start without it when clustering is disabled.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Sequence
@@ -131,3 +132,56 @@ def build_embedder(config: ClusteringEmbeddingConfig) -> Embedder:
     if config.backend == "openai":
         return OpenAIEmbeddingsEmbedder(config)
     return SentenceTransformerEmbedder(config.local_model_path, config.batch_size)
+
+
+class EmbedBatcher:
+    """Coalesces single-text requests from many coroutines into batched worker-thread calls.
+
+    Conversations end one at a time; embedding them one by one wastes most of a CPU model's
+    throughput. Requests arriving within ``window_seconds`` of the first (and up to
+    ``max_batch``) share one ``embed`` call, run through ``asyncio.to_thread``.
+    """
+
+    def __init__(self, embedder: Embedder, max_batch: int = 64, window_seconds: float = 0.01) -> None:
+        self._embedder = embedder
+        self._max = max_batch
+        self._window = window_seconds
+        self._queue: list[tuple[str, asyncio.Future[npt.NDArray[np.float32]]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+
+    async def embed_one(self, text: str) -> npt.NDArray[np.float32]:
+        fut: asyncio.Future[npt.NDArray[np.float32]] = asyncio.get_running_loop().create_future()
+        self._queue.append((text, fut))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._flush(), name="clustering.embed_batcher")
+        return await fut
+
+    def _checked(self, texts: list[str]) -> Matrix:
+        vecs = self._embedder.embed(texts)
+        if len(vecs) != len(texts):
+            raise PermanentError("embedder returned the wrong number of vectors")
+        return vecs
+
+    async def _flush(self) -> None:
+        batch: list[tuple[str, asyncio.Future[npt.NDArray[np.float32]]]] = []
+        try:
+            await asyncio.sleep(self._window)
+            while self._queue:
+                batch, self._queue = self._queue[: self._max], self._queue[self._max :]
+                self.batches += 1
+                try:
+                    vecs = await asyncio.to_thread(self._checked, [t for t, _ in batch])
+                except Exception as exc:  # handed to every waiter; the batcher itself goes on
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for (_, fut), vec in zip(batch, vecs, strict=True):
+                    if not fut.done():
+                        fut.set_result(vec)
+        except asyncio.CancelledError:
+            for _, fut in [*batch, *self._queue]:
+                fut.cancel()
+            self._queue = []
+            raise

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.clustering.algorithm import assign_nearest, llm_guided_clustering
 from sidecar.clustering.config import ClusteringConfig
-from sidecar.clustering.embed import Embedder, Matrix, build_embedder
+from sidecar.clustering.embed import EmbedBatcher, Embedder, Matrix, build_embedder
 from sidecar.clustering.ids import ClusterIdRegistry
 from sidecar.clustering.llm import ExtractiveGoalLLM, GoalLLM, OpenAIGoalLLM, extractive_summary
 from sidecar.clustering.metrics import ClusteringMetrics
@@ -91,6 +91,10 @@ async def _noop() -> Outcome:
     return {}
 
 
+async def _const(value: str) -> str:
+    return value
+
+
 class GoalClusterer:
     """Component + ``ConversationHooks``: live goal clusters, bounded labels, ``snapshot()``."""
 
@@ -106,6 +110,7 @@ class GoalClusterer:
         self.metrics = ClusteringMetrics(registry)
         self._llm = llm if llm is not None else self._default_llm(config)
         self._embedder = embedder if embedder is not None else build_embedder(config.embedding)
+        self._batcher = EmbedBatcher(self._embedder, max_batch=config.embedding.batch_size)
         self._reservoir = Reservoir(config.reservoir_size, seed=config.seed)
         self._ids = ClusterIdRegistry()
         self._clusters: dict[str, ClusterInfo] = {}
@@ -167,6 +172,8 @@ class GoalClusterer:
         return _noop()
 
     def on_conversation_ended(self, ctx: TurnContext) -> Awaitable[Outcome]:
+        if not self._cfg.enabled:
+            return _noop()
         fut = self._assignment(ctx)
 
         async def outcome() -> Outcome:
@@ -177,6 +184,8 @@ class GoalClusterer:
 
     def goal_label(self, ctx: TurnContext) -> Awaitable[str]:
         """The bounded goal label of an ended conversation (shares work with the end hook)."""
+        if not self._cfg.enabled:
+            return _const(UNKNOWN)
         fut = self._assignment(ctx)
 
         async def label() -> str:
@@ -251,7 +260,7 @@ class GoalClusterer:
         except SidecarError:
             summary = extractive_summary(ctx.messages, self._cfg.max_summary_chars)
         try:
-            vec = (await asyncio.to_thread(self._embedder.embed, [summary]))[0]
+            vec = await self._batcher.embed_one(summary)
         except Exception as exc:  # an embedding failure must cost one label, never the hook
             self.metrics.assignments.labels("error").inc()
             log.warning("clustering.embed_failed", error=type(exc).__name__)

@@ -253,6 +253,9 @@ async def test_not_enough_data_skips_and_disabled_does_nothing() -> None:
     off = make(config(enabled=False))
     await off.start()
     assert off._task is None and off.health().detail == "disabled"
+    assert await off.goal_label(conv("car", 1)) == UNKNOWN
+    assert await off.on_conversation_ended(conv("car", 1)) == {}
+    assert len(off._reservoir) == 0
     await off.stop()
 
 
@@ -274,3 +277,24 @@ async def test_goal_label_and_end_hook_share_one_summary(n: int) -> None:
         await asyncio.gather(gc.goal_label(c), gc.on_conversation_ended(c))
     assert emb.calls == 1
     assert np.isfinite(gc._reservoir.get("bank-7").vector).all()  # type: ignore[union-attr]
+
+
+async def test_concurrent_endings_are_embedded_in_batches() -> None:
+    emb = HashEmbedder(dim=512)
+    gc = make(embedder=emb)
+    labels = await asyncio.gather(*(gc.goal_label(conv(g, i)) for g in GOALS for i in range(20)))
+    assert len(labels) == 100 and set(labels) == {UNKNOWN}
+    assert len(gc._reservoir) == 100
+    assert emb.calls <= 4  # 100 requests within one window: batches of at most 64
+
+
+class WrongCountEmbedder:
+    def embed(self, texts: Sequence[str]) -> Matrix:
+        return np.zeros((len(texts) + 1, 4), dtype=np.float32)
+
+
+async def test_an_embedder_returning_the_wrong_shape_costs_labels_only() -> None:
+    gc = make(embedder=WrongCountEmbedder())
+    out = await asyncio.gather(*(gc.goal_label(conv("car", i)) for i in range(5)))
+    assert out == [UNKNOWN] * 5
+    assert gc.metrics.assignments.labels("error")._value.get() == 5
