@@ -1,0 +1,147 @@
+"""``adapters``: prepare data, train the base model and LoRA adapters, export, evaluate.
+
+Separate from the ``sidecar`` entry point; ``sidecar`` never imports this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+DATASETS = ("sgd", "multiwoz", "star", "optimouse", "taubench_airline")
+
+
+def _shared_dir() -> Path:
+    env = os.environ.get("SIDECAR_SHARED_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent.parent.parent / "shared"
+
+
+def _datasets(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [n for n in names if n not in DATASETS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown datasets {bad}; choose from {','.join(DATASETS)}")
+    return names
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list of options
+    p = argparse.ArgumentParser(prog="adapters", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    pr = sub.add_parser("prepare", help="datasets -> SFT pairs (train side) and test examples")
+    pr.add_argument("--datasets-dir", type=Path, default=None, help="default: <shared>/datasets")
+    pr.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    pr.add_argument("--out", type=Path, required=True)
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--max-train", type=_positive_int, default=None, help="train conversations per dataset")
+    pr.add_argument("--max-test", type=_positive_int, default=None, help="test conversations per dataset")
+
+    tb = sub.add_parser("train-base", help="train the tokenizer and a small Llama from scratch")
+    tb.add_argument("--data", type=Path, required=True, help="output of prepare")
+    tb.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    tb.add_argument("--out", type=Path, required=True)
+    tb.add_argument("--vocab-size", type=_positive_int, default=4096)
+    tb.add_argument("--hidden-size", type=_positive_int, default=256)
+    tb.add_argument("--layers", type=_positive_int, default=4)
+    tb.add_argument("--heads", type=_positive_int, default=4)
+    tb.add_argument("--intermediate-size", type=_positive_int, default=688)
+    tb.add_argument("--max-positions", type=_positive_int, default=1024)
+    tb.add_argument("--window", type=_positive_int, default=512)
+    tb.add_argument("--epochs", type=float, default=1.0)
+    tb.add_argument("--batch-size", type=_positive_int, default=8)
+    tb.add_argument("--lr", type=float, default=1e-3)
+    tb.add_argument("--max-tokens", type=_positive_int, default=None)
+    tb.add_argument("--max-steps", type=_positive_int, default=None)
+    tb.add_argument("--seed", type=int, default=0)
+
+    tl = sub.add_parser("train-lora", help="LoRA SFT (paper recipe) on a base model")
+    tl.add_argument("--data", type=Path, required=True)
+    tl.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    tl.add_argument("--base", type=Path, required=True)
+    tl.add_argument("--out", type=Path, required=True)
+    tl.add_argument("--no-end-tag", action="store_true", help="ablation: target r_n without the end tag")
+    tl.add_argument("--rank", type=_positive_int, default=8)
+    tl.add_argument("--epochs", type=float, default=3.0)
+    tl.add_argument("--lr", type=float, default=2e-4)
+    tl.add_argument("--batch-size", type=_positive_int, default=8)
+    tl.add_argument("--max-context-tokens", type=_positive_int, default=512)
+    tl.add_argument("--max-per-dataset", type=_positive_int, default=None)
+    tl.add_argument("--max-steps", type=_positive_int, default=None)
+    tl.add_argument("--seed", type=int, default=0)
+
+    ex = sub.add_parser("export", help="write an adapter directory vLLM loads with --lora-modules")
+    ex.add_argument("--adapter", type=Path, required=True)
+    ex.add_argument("--out", type=Path, required=True)
+    ex.add_argument("--base-name", default="base")
+    ex.add_argument("--max-lora-rank", type=_positive_int, default=8)
+
+    ev = sub.add_parser("eval", help="Table-2 evaluation through a real vLLM server")
+    ev.add_argument("--data", type=Path, required=True)
+    ev.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    ev.add_argument("--base", type=Path, required=True)
+    ev.add_argument("--adapter", type=Path, required=True)
+    ev.add_argument("--adapter-no-end-tag", type=Path, default=None)
+    ev.add_argument("--out", type=Path, required=True)
+    ev.add_argument("--max-context-tokens", type=_positive_int, default=512)
+    ev.add_argument("--max-examples", type=_positive_int, default=None, help="per dataset and label set")
+    ev.add_argument("--port", type=int, default=0)
+    ev.add_argument("--command-line", default=None, help="recorded in the report")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # stdout carries the command's JSON result; logs go to stderr.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    result: object
+    if args.command == "prepare":
+        from adapters.prepare import prepare  # noqa: PLC0415 - keeps `adapters --help` light
+
+        ddir = args.datasets_dir or _shared_dir() / "datasets"
+        result = prepare(ddir, args.datasets, args.out, seed=args.seed, max_train=args.max_train,
+                         max_test=args.max_test)
+    elif args.command == "train-base":
+        from adapters.base import BaseModelSpec, train_base  # noqa: PLC0415 - keeps `adapters --help` light
+
+        spec = BaseModelSpec(args.vocab_size, args.hidden_size, args.layers, args.heads, args.intermediate_size,
+                             args.max_positions, args.window)
+        result = train_base(args.data, args.datasets, args.out, spec, epochs=args.epochs, batch_size=args.batch_size,
+                            learning_rate=args.lr, max_tokens=args.max_tokens, seed=args.seed,
+                            max_steps=args.max_steps)
+    elif args.command == "train-lora":
+        from adapters.lora import LoraRecipe, train_lora  # noqa: PLC0415 - keeps `adapters --help` light
+
+        recipe = LoraRecipe(rank=args.rank, alpha=2 * args.rank, epochs=args.epochs, learning_rate=args.lr,
+                            batch_size=args.batch_size, max_context_tokens=args.max_context_tokens,
+                            seed=args.seed)
+        result = train_lora(args.data, args.datasets, args.base, args.out, recipe,
+                            with_end_tag=not args.no_end_tag, max_per_dataset=args.max_per_dataset,
+                            max_steps=args.max_steps)
+    elif args.command == "export":
+        from adapters.export import export_adapter  # noqa: PLC0415 - keeps `adapters --help` light
+
+        result = export_adapter(args.adapter, args.out, args.base_name, max_lora_rank=args.max_lora_rank)
+    else:
+        from adapters.evaluate import run_eval  # noqa: PLC0415 - keeps `adapters --help` light
+
+        result = run_eval(args)
+    json.dump(result, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

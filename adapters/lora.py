@@ -1,0 +1,152 @@
+"""``adapters train-lora``: peft LoRA SFT with the paper's recipe (Section 5.1).
+
+Recipe: 3 epochs, learning rate 2e-4, weight decay 0.01, AdamW (8-bit from bitsandbytes when it
+and CUDA are present, torch AdamW otherwise), loss on the target only (r_n + the end tag).
+
+Sequence = ids(render(p_1, r_1, ..., p_n, r_n)) + [end tag], left-truncated to the last
+``max_context_tokens`` ids; labels are IGNORE before the first id of r_n's block. The ablation
+``--no-end-tag`` trains the same thing without the final end-tag id.
+
+On a GPU with a real base model (e.g. an 8B Llama) the same command works unchanged: the model
+is loaded in bfloat16, gradient checkpointing is enabled and training runs under bf16 autocast.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from adapters.data import messages_from_json
+from adapters.manifest import file_sha256, read_manifest, write_manifest
+from adapters.tokenizer import END_TAG, PAD, encode_messages_with_offsets, load_tokenizer, special_id
+from adapters.training import IGNORE, LoopConfig, TrainSeq, train_loop
+
+log = structlog.get_logger()
+
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class LoraRecipe:
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    epochs: float = 3.0
+    learning_rate: float = 2e-4
+    weight_decay: float = 0.01
+    batch_size: int = 8
+    max_context_tokens: int = 512
+    seed: int = 0
+    target_modules: tuple[str, ...] = TARGET_MODULES
+
+
+def build_sequence(ids: list[int], starts: list[int], target_msg: int, end_id: int | None, *,
+                   max_tokens: int) -> TrainSeq:
+    """Append the end tag, mask everything before r_n, keep the last ``max_tokens`` ids."""
+    seq = list(ids) + ([end_id] if end_id is not None else [])
+    cut = starts[target_msg]
+    labels = [IGNORE] * cut + seq[cut:]
+    return TrainSeq(seq[-max_tokens:], labels[-max_tokens:])
+
+
+def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe: LoraRecipe, *,
+                   with_end_tag: bool, max_per_dataset: int | None) -> tuple[list[TrainSeq], dict[str, int]]:
+    tok = load_tokenizer(model_dir)
+    end_id = special_id(tok, END_TAG) if with_end_tag else None
+    seqs: list[TrainSeq] = []
+    counts: dict[str, int] = {}
+    for name in datasets:
+        with (data_dir / name / "train.jsonl").open() as fh:
+            for line in fh:
+                if max_per_dataset is not None and counts.get(name, 0) >= max_per_dataset:
+                    break
+                rec = json.loads(line)
+                ids, starts = encode_messages_with_offsets(tok, messages_from_json(rec["messages"]))
+                seqs.append(build_sequence(ids, starts, int(rec["target_start"]), end_id,
+                                           max_tokens=recipe.max_context_tokens))
+                counts[name] = counts.get(name, 0) + 1
+    return seqs, counts
+
+
+def _optimizer_factory(recipe: LoraRecipe, use_cuda: bool) -> tuple[Any, str]:
+    if use_cuda and importlib.util.find_spec("bitsandbytes") is not None:
+        import bitsandbytes as bnb  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415 - CUDA only
+
+        return (lambda ps: bnb.optim.AdamW8bit(ps, lr=recipe.learning_rate, weight_decay=recipe.weight_decay),
+                "bitsandbytes AdamW8bit")
+    return (lambda ps: torch.optim.AdamW(ps, lr=recipe.learning_rate, weight_decay=recipe.weight_decay),
+            "torch AdamW")
+
+
+def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Path, recipe: LoraRecipe, *,
+               with_end_tag: bool = True, max_per_dataset: int | None = None,
+               max_steps: int | None = None) -> dict[str, Any]:
+    """Train a LoRA adapter on ``model_dir`` and save it (peft format) into ``out_dir``."""
+    use_cuda = torch.cuda.is_available()
+    device = "cuda" if use_cuda else "cpu"
+    torch.manual_seed(recipe.seed)
+    dtype = torch.bfloat16 if use_cuda else torch.float32
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    model.to(device)
+    if use_cuda:
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated ``is_gradient_checkpointing`` alias.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        peft_model = get_peft_model(model, LoraConfig(
+            r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=recipe.dropout,
+            target_modules=list(recipe.target_modules), bias="none", task_type="CAUSAL_LM",
+        ))
+    seqs, counts = load_sequences(data_dir, datasets, model_dir, recipe, with_end_tag=with_end_tag,
+                                  max_per_dataset=max_per_dataset)
+    log.info("adapters.lora.data", sequences=len(seqs), per_dataset=counts)
+    make_opt, opt_name = _optimizer_factory(recipe, use_cuda)
+    tok = load_tokenizer(model_dir)
+    cfg = LoopConfig(epochs=recipe.epochs, batch_size=recipe.batch_size, learning_rate=recipe.learning_rate,
+                     weight_decay=recipe.weight_decay, warmup_fraction=0.03, seed=recipe.seed,
+                     checkpoint_every_steps=25, max_steps=max_steps)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = train_loop(peft_model, seqs, cfg, special_id(tok, PAD), out_dir / "checkpoint.pt", make_optimizer=make_opt,
+                        device=device, autocast_dtype=torch.bfloat16 if use_cuda else None)
+    peft_model.save_pretrained(str(out_dir), safe_serialization=True)
+    (out_dir / "checkpoint.pt").unlink(missing_ok=True)
+    hist = result["loss_history"]
+    first, last = _mean(hist[:10]), _mean(hist[-10:])
+    base_manifest = read_manifest(model_dir) if (model_dir / "manifest.json").exists() else {}
+    write_manifest(
+        out_dir, "lora-adapter",
+        base_model={"name": model_dir.name, "manifest_created_utc": base_manifest.get("created_utc"),
+                    "weights_sha256": _weights_hash(model_dir)},
+        with_end_tag=with_end_tag,
+        data={"prepared_manifest_sha256": file_sha256(data_dir / "manifest.json"), "datasets": datasets,
+              "conversations_per_dataset": counts},
+        hyperparameters={"rank": recipe.rank, "alpha": recipe.alpha, "dropout": recipe.dropout,
+                         "target_modules": list(recipe.target_modules), "epochs": recipe.epochs,
+                         "learning_rate": recipe.learning_rate, "weight_decay": recipe.weight_decay,
+                         "batch_size": recipe.batch_size, "max_context_tokens": recipe.max_context_tokens,
+                         "optimizer": opt_name, "seed": recipe.seed, "device": device,
+                         "loss": "target only (r_n + end tag)" if with_end_tag else "target only (r_n)"},
+        metrics={"steps": result["steps"], "train_seconds": result["train_seconds"],
+                 "loss_first_10": first, "loss_last_10": last},
+    )
+    return {"sequences": len(seqs), "steps": result["steps"], "train_seconds": result["train_seconds"],
+            "loss_first_10": first, "loss_last_10": last}
+
+
+def _weights_hash(model_dir: Path) -> str | None:
+    p = model_dir / "model.safetensors"
+    return file_sha256(p) if p.exists() else None
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None

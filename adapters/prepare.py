@@ -1,0 +1,118 @@
+"""``adapters prepare``: shared datasets -> per-dataset train conversations and test examples."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+from tqdm import tqdm
+
+from adapters.data import (
+    Conversation,
+    eval_examples,
+    message_to_json,
+    read_conversations,
+    split_of,
+    stable_unit,
+    target_start,
+)
+from adapters.manifest import file_sha256, write_manifest
+from adapters.tokenizer import END_TAG, SPECIAL_TOKENS
+from sidecar.transcript.render import render_text
+
+log = structlog.get_logger()
+
+
+def sft_pair(conv: Conversation, with_end_tag: bool = True) -> dict[str, str]:
+    """The paper's pair as text: input = render(p_1..p_n), target = r_n (+ the end tag).
+
+    Rendering escapes special-token strings inside content, so the end tag appears exactly once,
+    at the end of the target.
+    """
+    ts = target_start(conv.messages)
+    full = render_text(conv.messages, forbidden=SPECIAL_TOKENS)
+    head = render_text(conv.messages[:ts], forbidden=SPECIAL_TOKENS)
+    return {"input": head, "target": full[len(head):] + (END_TAG if with_end_tag else "")}
+
+
+def _sample(convs: list[Conversation], cap: int | None, salt: str) -> list[Conversation]:
+    ordered = sorted(convs, key=lambda c: stable_unit(c.conversation_id, salt))
+    return ordered if cap is None else ordered[:cap]
+
+
+def prepare_dataset(
+    path: Path, out_dir: Path, *, seed: int, max_train: int | None, max_test: int | None
+) -> dict[str, Any]:
+    """Split one dataset file, write ``train.jsonl`` (SFT conversations) and ``test.jsonl``."""
+    name = path.parent.name
+    train: list[Conversation] = []
+    test: list[Conversation] = []
+    for conv in tqdm(read_conversations(path), desc=f"read {name}", unit="conv", leave=False):
+        if not any(m.role == "user" for m in conv.messages):
+            continue
+        (train if split_of(conv) == "train" else test).append(conv)
+    train_s = _sample(train, max_train, "train-sample")
+    # The truncation protocol needs complete conversations as positives: conversations a dataset
+    # itself marks as not completed (STAR disconnects) are left out of it and scored separately.
+    proto_pool = [c for c in test if c.real_label_source is None or "STAR" not in c.real_label_source
+                  or c.real_complete]
+    test_s = _sample(proto_pool, max_test, "test-sample")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "train.jsonl").open("w") as fh:
+        for c in train_s:
+            rec = {"conversation_id": c.conversation_id, "dataset": name,
+                   "messages": [message_to_json(m) for m in c.messages],
+                   "target_start": target_start(c.messages), **sft_pair(c)}
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    n_ex = 0
+    with (out_dir / "test.jsonl").open("w") as fh:
+        for c in test_s:
+            for ex in eval_examples(c, seed):
+                rec = _example_json(ex.conversation_id, name, ex.messages, complete=ex.complete, kind=ex.kind,
+                                    label_source="protocol", extra=ex.extra)
+                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                n_ex += 1
+    real_s = _real_label_sample(test, max_test)
+    with (out_dir / "test_real.jsonl").open("w") as fh:
+        for c in real_s:
+            rec = _example_json(c.conversation_id, name, c.messages, complete=bool(c.real_complete), kind="full",
+                                label_source=c.real_label_source or "", extra={})
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    return {"dataset": name, "source_sha256": file_sha256(path), "train_side": len(train),
+            "test_side": len(test), "train_used": len(train_s), "test_conversations_used": len(test_s),
+            "test_examples": n_ex, "real_label_examples": len(real_s)}
+
+
+def _real_label_sample(test: list[Conversation], cap: int | None) -> list[Conversation]:
+    """Full test-side conversations a dataset labels itself: every negative, positives up to ``cap``."""
+    neg = [c for c in test if c.real_complete is False]
+    pos = [c for c in test if c.real_complete is True]
+    if cap is not None:
+        pos = _sample(pos, max(cap - len(neg), len(neg)), "real")
+    return neg + pos
+
+
+def _example_json(cid: str, dataset: str, messages: Sequence[Any], *, complete: bool, kind: str,
+                  label_source: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"conversation_id": cid, "dataset": dataset, "complete": complete, "kind": kind,
+            "label_source": label_source, "extra": extra,
+            "messages": [message_to_json(m) for m in messages]}
+
+
+def prepare(datasets_dir: Path, names: Sequence[str], out_dir: Path, *, seed: int,
+            max_train: int | None, max_test: int | None) -> dict[str, Any]:
+    """Prepare every named dataset under ``out_dir/<name>/`` and write the manifest."""
+    stats = []
+    for name in names:
+        path = datasets_dir / name / "dev.jsonl.gz"
+        if not path.exists():
+            raise FileNotFoundError(f"no dataset file for {name!r}")
+        stats.append(prepare_dataset(path, out_dir / name, seed=seed, max_train=max_train, max_test=max_test))
+        log.info("adapters.prepare.dataset", **stats[-1])
+    write_manifest(out_dir, "prepared-data", seed=seed, max_train_per_dataset=max_train,
+                   max_test_conversations_per_dataset=max_test, datasets=stats,
+                   split="sha256(split_group) 50/50", truncation="k ~ U{1..n-1}, seeded by conversation id")
+    return {"datasets": stats}

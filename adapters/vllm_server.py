@@ -1,0 +1,138 @@
+"""Start and stop a real vLLM OpenAI-compatible server, and read exact next-token probabilities."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import structlog
+
+log = structlog.get_logger()
+
+
+def vllm_python() -> Path:
+    """The interpreter of the vLLM venv: ``SIDECAR_VLLM_PYTHON`` or the default install."""
+    env = os.environ.get("SIDECAR_VLLM_PYTHON")
+    return Path(env) if env else Path.home() / ".cache/sidecar/venv-vllm-0.32.0/bin/python"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmServer:
+    """A vLLM api_server child process serving ``model_dir`` as ``base`` plus LoRA modules."""
+
+    def __init__(self, model_dir: Path, lora_modules: Mapping[str, Path], log_path: Path, *,
+                 port: int = 0, max_model_len: int = 1024, max_lora_rank: int = 8,
+                 startup_timeout_seconds: float = 900.0) -> None:
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._log_path = log_path
+        self._timeout = startup_timeout_seconds
+        self._proc: subprocess.Popen[bytes] | None = None
+        args = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(model_dir), "--served-model-name", "base",
+                "--max-model-len", str(max_model_len), "--max-logprobs", "20", "--enable-prefix-caching",
+                "--dtype", "float32", "--host", "127.0.0.1", "--port", str(self.port)]
+        if lora_modules:
+            args += ["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(len(lora_modules)),
+                     "--lora-modules", *[f"{k}={v}" for k, v in lora_modules.items()]]
+        self._args = args
+
+    def start(self) -> None:
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = self._log_path.open("wb")
+        self._proc = subprocess.Popen(self._args, stdout=logf, stderr=subprocess.STDOUT, env=env)  # noqa: S603
+        deadline = time.monotonic() + self._timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self._proc.returncode}; see {self._log_path.name}")
+            try:
+                if httpx.get(f"{self.base_url}/v1/models", timeout=2.0).status_code == 200:
+                    log.info("adapters.vllm.ready", port=self.port)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(2.0)
+        self.stop()
+        raise TimeoutError("vLLM did not become ready in time")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class NextToken:
+    """The greedy next token and the exact probabilities of the tokens asked about."""
+
+    greedy_id: int
+    probs: dict[int, float]
+    exact_lookups: int
+
+
+def _token_id(key: str) -> int:
+    if not key.startswith("token_id:"):
+        raise ValueError(f"unexpected logprob key {key[:40]!r}; ask with return_tokens_as_token_ids")
+    return int(key.split(":", 1)[1])
+
+
+def next_token(client: httpx.Client, model: str, prompt_ids: Sequence[int], want: Sequence[int]) -> NextToken:
+    """Greedy next token after ``prompt_ids`` and exact P(t) for every ``t`` in ``want``.
+
+    A token outside the top-20 is looked up exactly with a second request that appends it to the
+    prompt and reads its ``prompt_logprobs`` entry (never "absent means 0").
+    """
+    body: dict[str, Any] = {"model": model, "prompt": list(prompt_ids), "max_tokens": 1, "temperature": 0.0,
+                            "logprobs": 20, "return_tokens_as_token_ids": True}
+    r = client.post("/v1/completions", json=body)
+    r.raise_for_status()
+    lp = r.json()["choices"][0]["logprobs"]
+    greedy = _token_id(lp["tokens"][0])
+    top = {_token_id(k): v for k, v in lp["top_logprobs"][0].items()}
+    probs: dict[int, float] = {}
+    lookups = 0
+    for t in want:
+        if t in top:
+            probs[t] = math.exp(top[t])
+        else:
+            lookups += 1
+            probs[t] = math.exp(exact_logprob(client, model, prompt_ids, t))
+    return NextToken(greedy, probs, lookups)
+
+
+def exact_logprob(client: httpx.Client, model: str, prompt_ids: Sequence[int], token: int) -> float:
+    """log P(token | prompt), whatever its rank: the ``prompt_logprobs`` entry of ``prompt + [token]``."""
+    body = {"model": model, "prompt": [*prompt_ids, token], "max_tokens": 1, "temperature": 0.0,
+            "prompt_logprobs": 0, "return_tokens_as_token_ids": True}
+    r = client.post("/v1/completions", json=body)
+    r.raise_for_status()
+    entry = r.json()["choices"][0]["prompt_logprobs"][-1]
+    return float(entry[str(token)]["logprob"])

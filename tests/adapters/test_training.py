@@ -1,0 +1,159 @@
+"""Toy-scale training: the loss goes down; target-only labels; export checks; metrics; CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from adapters.base import BaseModelSpec, build_model, rescale_unseen_rows, windows
+from adapters.cli import build_parser, main
+from adapters.export import ExportError, export_adapter
+from adapters.lora import LoraRecipe, build_sequence, train_lora
+from adapters.metrics import binary_metrics, roc_auc
+from adapters.tokenizer import BOS, END_TAG, EOS, PAD, encode_messages_with_offsets, save_tokenizer, special_id
+from adapters.training import IGNORE, LoopConfig, TrainSeq, collate, train_loop
+from tests.adapters.conftest import to_messages
+
+TINY = BaseModelSpec(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                     max_position_embeddings=256, window_tokens=128)
+
+
+def test_windows_cover_everything() -> None:
+    ids = list(range(300))
+    ws = windows(ids, 128)
+    assert [len(w) for w in ws] == [128, 128, 128]
+    assert ws[-1] == ids[-128:]
+    assert windows(ids[:10], 128) == [ids[:10]]
+
+
+def test_build_sequence_labels_only_the_target() -> None:
+    ids, starts = list(range(10, 30)), [0, 5, 12]
+    seq = build_sequence(ids, starts, 2, end_id=3, max_tokens=100)
+    assert seq.input_ids == [*ids, 3]
+    assert seq.labels == [IGNORE] * 12 + ids[12:] + [3]
+    short = build_sequence(ids, starts, 2, end_id=3, max_tokens=6)
+    assert short.input_ids == [*ids[-5:], 3]
+    assert short.labels == [*ids[-5:], 3]
+    assert build_sequence(ids, starts, 2, end_id=None, max_tokens=100).input_ids == ids
+
+
+def test_collate_pads_without_loss() -> None:
+    b = collate([TrainSeq([5, 6, 7], [IGNORE, 6, 7]), TrainSeq([8], [8])], pad_id=2)
+    assert b["input_ids"].tolist() == [[5, 6, 7], [8, 2, 2]]
+    assert b["labels"].tolist() == [[IGNORE, 6, 7], [8, IGNORE, IGNORE]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def _tiny_base(tmp_path: Path, toy_tokenizer: Any, toy_records: list[dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
+    ids_map = {t: special_id(toy_tokenizer, t) for t in (BOS, EOS, PAD, END_TAG)}
+    torch.manual_seed(0)
+    model = build_model(TINY, ids_map)
+    seqs = []
+    for r in toy_records[:24]:
+        ids, _ = encode_messages_with_offsets(toy_tokenizer, to_messages(r))
+        seqs.append(TrainSeq(ids[:128], ids[:128]))
+    cfg = LoopConfig(epochs=6, batch_size=8, learning_rate=3e-3, weight_decay=0.0, warmup_fraction=0.1, seed=0,
+                     checkpoint_every_steps=5)
+    result = train_loop(model, seqs, cfg, ids_map[PAD], tmp_path / "ckpt.pt",
+                        make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=3e-3))
+    out = tmp_path / "base"
+    rescale_unseen_rows(model, [ids_map[END_TAG]])
+    model.save_pretrained(out, safe_serialization=True)
+    save_tokenizer(toy_tokenizer, out, 256)
+    return out, result
+
+
+def test_base_training_lowers_the_loss_and_resumes(tmp_path: Path, toy_tokenizer: Any,
+                                                   toy_records: list[dict[str, Any]]) -> None:
+    _, result = _tiny_base(tmp_path, toy_tokenizer, toy_records)
+    hist = result["loss_history"]
+    assert result["steps"] == 18
+    assert sum(hist[-3:]) / 3 < 0.85 * sum(hist[:3]) / 3
+    # a checkpoint from step 15 exists; resuming runs only the missing steps
+    assert (tmp_path / "ckpt.pt").exists()
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert state["step"] == 15
+
+
+def _write_prepared(tmp_path: Path, toy_records: list[dict[str, Any]]) -> Path:
+    data = tmp_path / "prepared"
+    (data / "toy").mkdir(parents=True)
+    with (data / "toy" / "train.jsonl").open("w") as fh:
+        for r in toy_records[:16]:
+            fh.write(json.dumps({"conversation_id": r["conversation_id"], "messages": r["turns"],
+                                 "target_start": len(r["turns"]) - 1}) + "\n")
+    (data / "manifest.json").write_text("{}\n")
+    return data
+
+
+def test_lora_training_lowers_the_loss_and_exports(tmp_path: Path, toy_tokenizer: Any,
+                                                   toy_records: list[dict[str, Any]]) -> None:
+    base, _ = _tiny_base(tmp_path, toy_tokenizer, toy_records)
+    data = _write_prepared(tmp_path, toy_records)
+    recipe = LoraRecipe(rank=8, alpha=16, dropout=0.0, epochs=12, learning_rate=5e-2, batch_size=8,
+                        max_context_tokens=128)
+    out = tmp_path / "lora"
+    result = train_lora(data, ["toy"], base, out, recipe)
+    assert result["steps"] == 24
+    # The toy base is barely trained (tiny embedding norms bound its logits), so the drop is small
+    # in absolute terms but far above step-to-step noise.
+    assert result["loss_last_10"] < result["loss_first_10"] - 0.1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["hyperparameters"]["optimizer"] == "torch AdamW"
+    assert manifest["with_end_tag"] is True
+    exported = tmp_path / "exported"
+    export_adapter(out, exported, "base", max_lora_rank=8)
+    cfg = json.loads((exported / "adapter_config.json").read_text())
+    assert cfg["base_model_name_or_path"] == "base"
+    assert str(tmp_path) not in (exported / "adapter_config.json").read_text()
+    with pytest.raises(ExportError, match="rank"):
+        export_adapter(out, tmp_path / "x", "base", max_lora_rank=2)
+    broken = tmp_path / "broken"
+    shutil.copytree(exported, broken)
+    (broken / "adapter_model.safetensors").unlink()
+    with pytest.raises(ExportError, match="missing"):
+        export_adapter(broken, tmp_path / "y", "base")
+    cfg["modules_to_save"] = ["lm_head"]
+    shutil.copyfile(exported / "adapter_model.safetensors", broken / "adapter_model.safetensors")
+    (broken / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ExportError, match="modules_to_save"):
+        export_adapter(broken, tmp_path / "z", "base")
+
+
+def test_metrics_match_sklearn_and_count_both_classes() -> None:
+    labels = [True, True, False, False, True, False, True]
+    scores = [0.9, 0.4, 0.4, 0.1, 0.8, 0.7, 0.4]
+    assert roc_auc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-4)
+    m = binary_metrics(labels, [s >= 0.5 for s in scores], scores)
+    assert m["confusion"] == {"true_complete_pred_complete": 2, "true_complete_pred_incomplete": 2,
+                              "true_incomplete_pred_complete": 1, "true_incomplete_pred_incomplete": 2}
+    assert m["complete"]["precision"] == pytest.approx(2 / 3, abs=1e-4)
+    assert m["incomplete"]["recall"] == pytest.approx(2 / 3, abs=1e-4)
+    assert roc_auc([True], [0.3]) is None
+    with pytest.raises(ValueError, match="length"):
+        binary_metrics([True], [])
+
+
+@pytest.mark.parametrize("argv", [["prepare", "--out", "x", "--datasets", "nope"],
+                                  ["prepare", "--out", "x", "--max-train", "0"],
+                                  ["train-lora", "--data", "d", "--base", "b"], []])
+def test_cli_rejects_bad_arguments(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+
+
+def test_cli_prepare_end_to_end(toy_dataset_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("adapters.cli.DATASETS", ("toy",))
+    ddir = toy_dataset_file.parent.parent
+    assert main(["prepare", "--datasets-dir", str(ddir), "--datasets", "toy", "--out", str(tmp_path / "p")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["datasets"][0]["dataset"] == "toy"
+    assert (tmp_path / "p" / "manifest.json").exists()
