@@ -104,7 +104,27 @@ def _to_message(m: _MessageIn, conversation_id: str, event_id: str) -> tuple[Mes
     return Message(role=m.role, content=m.content, name=m.name, tool_calls=calls), text_bytes
 
 
-def _parse_object(value: bytes | None, max_bytes: int) -> dict[str, Any]:
+_REASON_BY_ERROR_TYPE = {"json_invalid": "invalid_json", "recursion_loop": "invalid_json"}
+
+
+def _reason_for(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False, include_input=False)
+    first = errors[0]
+    if first["type"] in _REASON_BY_ERROR_TYPE:
+        return _REASON_BY_ERROR_TYPE[first["type"]]
+    if first["loc"] == () and first["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        return "not_an_object"
+    if any(e["loc"] == ("v",) for e in errors):
+        return "unsupported_version"
+    return "schema"
+
+
+def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> Event:
+    """Decode and validate one record. Raises :class:`DecodeError` with a stable ``reason``.
+
+    Reasons: ``empty``, ``oversized``, ``invalid_utf8``, ``invalid_json``, ``not_an_object``,
+    ``unsupported_version``, ``schema``, ``key_mismatch``.
+    """
     if not value:
         raise DecodeError("empty", "record has no value")
     if len(value) > max_bytes:
@@ -114,29 +134,12 @@ def _parse_object(value: bytes | None, max_bytes: int) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise DecodeError("invalid_utf8", f"byte {exc.start} is not valid UTF-8") from None
     try:
-        raw = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        detail = f"line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else "nesting"
-        raise DecodeError("invalid_json", detail) from None
-    if not isinstance(raw, dict):
-        raise DecodeError("not_an_object", f"top-level JSON value is a {type(raw).__name__}")
-    return raw
-
-
-def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> Event:
-    """Decode and validate one record. Raises :class:`DecodeError` with a stable ``reason``.
-
-    Reasons: ``empty``, ``oversized``, ``invalid_utf8``, ``invalid_json``, ``not_an_object``,
-    ``unsupported_version``, ``schema``, ``key_mismatch``.
-    """
-    raw = _parse_object(value, max_bytes)
-    version = raw.get("v", CONTRACT_VERSION)
-    if version != CONTRACT_VERSION or isinstance(version, bool):
-        raise DecodeError("unsupported_version", f"contract version {str(version)[:16]!r} is not 1")
-    try:
-        ev = _EventIn.model_validate(raw)
+        # One pass in pydantic-core: parsing and validation together, no intermediate dicts.
+        ev = _EventIn.model_validate_json(text)
     except ValidationError as exc:
-        raise DecodeError("schema", _schema_detail(exc)) from None
+        reason = _reason_for(exc)
+        detail = "JSON syntax" if reason == "invalid_json" else _schema_detail(exc)
+        raise DecodeError(reason, detail) from None
     if ev.type == "message" and ev.message is None:
         raise DecodeError("schema", "message: required when type is 'message'")
     if ev.type == "conversation_end" and ev.message is not None:

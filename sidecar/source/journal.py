@@ -13,6 +13,7 @@ position where they first happened, so the rebuilt state is the one the crashed 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,11 +46,15 @@ class SourceRecord(Protocol):
 class ResultsWriter(Protocol):
     """Appends outcomes to the results topic.
 
-    Guarantee: returns only once the record is acknowledged by the brokers (``acks=all``), with
-    its offset; retries transient failures itself and raises only ``CancelledError``.
+    ``submit`` returns once the record is handed to the producer (it waits only when the
+    producer's buffer is full) with a future that resolves to the record's offset once the
+    brokers acknowledge it (``acks=all``). The writer retries transient failures itself: the
+    future never fails, it resolves late.
     """
 
-    async def append(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> int: ...
+    async def submit(
+        self, source_partition: int, conversation_id: str, record: dict[str, Any]
+    ) -> asyncio.Future[int]: ...
 
 
 class DeadLetterWriter(Protocol):
@@ -111,6 +116,9 @@ class Recovery:
     journal_end: int
     keys: set[tuple[str, int, HookKind]] = field(default_factory=set)
     transitions: list[Transition] = field(default_factory=list)
+    # The highest source position any journaled outcome was triggered at: past it, nothing
+    # recorded before the restart can trigger again and ``keys`` can be dropped.
+    last_position: int = -1
 
     @classmethod
     def from_journal(
@@ -125,6 +133,7 @@ class Recovery:
         """Fold this partition's journal records (already filtered to it) into a recovery plan."""
         keys: set[tuple[str, int, HookKind]] = set()
         transitions: list[Transition] = []
+        last = -1
         for r in records:
             try:
                 kind, cid, turn, pos = r["kind"], r["conversation_id"], int(r["turn"]), int(r["position"])
@@ -132,9 +141,10 @@ class Recovery:
                 continue  # a foreign or damaged record cannot suppress anything
             if kind not in ("user_message", "turn_closed", "conversation_ended") or not isinstance(cid, str):
                 continue
+            last = max(last, pos)
             if pos >= replay_until:
                 keys.add(trigger_key(cid, turn, kind))
             if r.get("trigger") == "timer" and kind != "user_message":
                 transitions.append(Transition(pos, kind, cid, turn))
         transitions.sort(key=lambda t: t.position)
-        return cls(start_offset, replay_until, journal_from, journal_end, keys, transitions)
+        return cls(start_offset, replay_until, journal_from, journal_end, keys, transitions, last)

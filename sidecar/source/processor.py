@@ -10,6 +10,7 @@ directly, so the same code runs under the real consumer and under unit tests.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import time
 from collections import deque
@@ -31,19 +32,24 @@ from sidecar.source.journal import (
 )
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
-from sidecar.state.hooks import ConversationHooks, Outcome, TurnContext
+from sidecar.state.hooks import ConversationHooks, HookResult, Outcome, TurnContext
 from sidecar.state.store import PartitionState, Rejected, Trigger
-from sidecar.telemetry.stream_metrics import StreamMetrics
+from sidecar.telemetry.stream_metrics import StreamMetrics, StreamMetricsCache
 
 log = structlog.get_logger(__name__)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Pending:
+    """One effect that pins the commit point until its outcome is acknowledged."""
+
+    pid: int
     position: int
     first_offset: int
     journal_start: int
-    task: asyncio.Task[None] | None = None
+    awaitable: Awaitable[Outcome] | None = None
+    waiter: asyncio.Future[None] | None = None
+    acked: asyncio.Future[int] | None = None
 
 
 class PartitionProcessor:
@@ -69,6 +75,8 @@ class PartitionProcessor:
         self._results = results
         self._dlq = dead_letters
         self._metrics = metrics
+        self._m = StreamMetricsCache(metrics)
+        self._room: asyncio.Event | None = None
         self._max_record_bytes = max_record_bytes
         self._max_pending = max_pending
         self._clock = clock
@@ -81,9 +89,7 @@ class PartitionProcessor:
         self._journal_from = recovery.journal_from
         self._keys = recovery.keys
         self._transitions = deque(recovery.transitions)
-        self._last_journaled = max(
-            [t.position for t in recovery.transitions] + [recovery.replay_until], default=0
-        )
+        self._last_journaled = recovery.last_position
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count()
 
@@ -107,7 +113,7 @@ class PartitionProcessor:
             return  # delivered again after a seek: already applied
         self._apply_transitions(offset)
         replay = offset < self._replay_until
-        (self._metrics.events_replayed if replay else self._metrics.events_consumed).inc()
+        (self._m.replayed if replay else self._m.consumed).inc()
         triggers: list[Trigger] = []
         try:
             event = decode_event(record.value, record.key, max_bytes=self._max_record_bytes)
@@ -119,7 +125,7 @@ class PartitionProcessor:
         self.next_offset = offset + 1
         for t in triggers:
             await self._fire(t, offset, "record", replay, received_at)
-        if self._keys and self.next_offset > self._last_journaled:
+        if self._keys and offset > self._last_journaled:
             self._keys = set()  # nothing recorded before the restart can trigger again
         self._observe(received_at)
 
@@ -133,9 +139,8 @@ class PartitionProcessor:
         self._observe(None)
 
     def _observe(self, received_at: float | None) -> None:
-        m = self._metrics
         if received_at is not None:
-            m.processing_seconds.observe(time.monotonic() - received_at)
+            self._m.processing.observe(time.monotonic() - received_at)
 
     def _apply_transitions(self, upto: int) -> None:
         while self._transitions and self._transitions[0].position <= upto:
@@ -151,10 +156,11 @@ class PartitionProcessor:
         self, t: Trigger, position: int, trigger: str, replay: bool, received_at: float | None
     ) -> None:
         kind = t.kind
-        if t.kind == "conversation_ended" and t.end_reason is not None:
-            self._metrics.conversations_ended.labels(t.end_reason).inc()
+        m = self._m
+        if kind == "conversation_ended" and t.end_reason is not None:
+            m.ended(t.end_reason).inc()
         if replay or t.key in self._keys:
-            self._metrics.hooks_suppressed.labels(kind).inc()
+            m.suppressed(kind).inc()
             return
         conv = t.conversation
         ctx = TurnContext(
@@ -167,50 +173,45 @@ class PartitionProcessor:
             close_reason=t.close_reason,
             end_reason=t.end_reason,
         )
-        hook: Callable[[TurnContext], Awaitable[Outcome]] = getattr(self._hooks, f"on_{kind}")
-        self._metrics.hooks_fired.labels(kind).inc()
-        if received_at is not None:
-            self._metrics.hook_dispatch_seconds.labels(kind).observe(time.monotonic() - received_at)
-        await self._track(lambda: self._record_outcome(hook, ctx, position, trigger), position, conv)
-
-    async def _track(
-        self, start: Callable[[], Awaitable[None]], position: int, conv: Conversation | None
-    ) -> None:
-        """Run ``start()`` as a pending effect pinning ``position`` until it completes.
-
-        The awaitable is created inside the task, so an effect cancelled before it ever ran
-        leaves nothing un-awaited behind.
-        """
-        while len(self._pending) >= self._max_pending:
-            live = {p.task for p in self._pending.values() if p.task is not None and not p.task.done()}
-            if not live:
-                break
-            await asyncio.wait(live, return_when=asyncio.FIRST_COMPLETED)
-        pid = next(self._ids)
-        first = conv.first_offset if conv is not None else position
-        jstart = conv.journal_start if conv is not None else self._journal_end
-        entry = _Pending(position, first, jstart)
-        self._pending[pid] = entry
-        entry.task = asyncio.ensure_future(self._settle(pid, start))
-
-    async def _settle(self, pid: int, start: Callable[[], Awaitable[None]]) -> None:
-        await start()
-        # Only a completed effect releases its pin; a cancelled or crashed one keeps the commit
-        # point below its record so that the effect fires again after a restart.
-        self._pending.pop(pid, None)
-
-    async def _record_outcome(
-        self, hook: Callable[[TurnContext], Awaitable[Outcome]], ctx: TurnContext, position: int, trigger: str
-    ) -> None:
+        hook: Callable[[TurnContext], HookResult] = getattr(self._hooks, f"on_{kind}")
         try:
-            outcome: Mapping[str, Any] = await hook(ctx)
+            result = hook(ctx)
+        except Exception as exc:  # a hook that fails before returning: record the failure
+            result = self._hook_failed(ctx, exc)
+        m.fired(kind).inc()
+        if received_at is not None:
+            m.dispatch(kind).observe(time.monotonic() - received_at)
+        await self._wait_for_room()
+        entry = self._pin(position, conv)
+        if isinstance(result, Mapping):
+            # Fast path: the outcome is already known; only the journal write is pending.
+            await self._journal(entry, ctx, result, position, trigger)
+        else:
+            entry.awaitable = result
+            entry.waiter = asyncio.ensure_future(self._complete(entry, result, ctx, position, trigger))
+
+    async def _complete(
+        self, entry: _Pending, aw: Awaitable[Outcome], ctx: TurnContext, position: int, trigger: str
+    ) -> None:
+        # Runs in its own task, whose context is a copy: binding here scopes to this effect.
+        structlog.contextvars.bind_contextvars(conversation_id=ctx.conversation_id, turn=ctx.turn)
+        try:
+            outcome: Mapping[str, Any] = await aw
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._metrics.hook_errors.labels(ctx.kind).inc()
-            log.warning("hook.failed", kind=ctx.kind, conversation_id=ctx.conversation_id, turn=ctx.turn,
-                        error=type(exc).__name__)
-            outcome = {"error": type(exc).__name__}
+            outcome = self._hook_failed(ctx, exc)
+        await self._journal(entry, ctx, outcome, position, trigger)
+
+    def _hook_failed(self, ctx: TurnContext, exc: Exception) -> Outcome:
+        self._m.hook_errors.labels(ctx.kind).inc()
+        log.warning("hook.failed", kind=ctx.kind, conversation_id=ctx.conversation_id, turn=ctx.turn,
+                    error=type(exc).__name__)
+        return {"error": type(exc).__name__}
+
+    async def _journal(
+        self, entry: _Pending, ctx: TurnContext, outcome: Mapping[str, Any], position: int, trigger: str
+    ) -> None:
         record = {
             "v": RESULT_VERSION,
             "partition": self.partition,
@@ -226,14 +227,47 @@ class PartitionProcessor:
             "messages": len(ctx.messages),
             "outcome": dict(outcome),
         }
-        offset = await self._results.append(self.partition, ctx.conversation_id, record)
-        self._journal_end = max(self._journal_end, offset + 1)
+        acked = await self._results.submit(self.partition, ctx.conversation_id, record)
+        entry.acked = acked
+        acked.add_done_callback(lambda f: self._release(entry, f))
+
+    def _release(self, entry: _Pending, acked: asyncio.Future[int]) -> None:
+        # Only an acknowledged outcome releases its pin; a cancelled or lost effect keeps the
+        # commit point below its record, so that it fires again after a restart.
+        if acked.cancelled():
+            return
+        self._journal_end = max(self._journal_end, acked.result() + 1)
+        self._pending.pop(entry.pid, None)
+        if self._room is not None and len(self._pending) < self._max_pending:
+            self._room.set()
+
+    def _pin(self, position: int, conv: Conversation | None) -> _Pending:
+        pid = next(self._ids)
+        first = conv.first_offset if conv is not None else position
+        jstart = conv.journal_start if conv is not None else self._journal_end
+        entry = _Pending(pid, position, first, jstart)
+        self._pending[pid] = entry
+        return entry
+
+    async def _wait_for_room(self) -> None:
+        while len(self._pending) >= self._max_pending:
+            self._room = asyncio.Event()
+            await self._room.wait()
 
     async def _dead_letter(self, record: SourceRecord, reason: str, detail: str) -> None:
-        self._metrics.dead_lettered.labels(reason).inc()
+        self._m.dead(reason).inc()
         log.info("event.dead_lettered", partition=self.partition, offset=record.offset, reason=reason,
                  detail=detail)
-        await self._track(lambda: self._dlq.dead_letter(record, reason, detail), record.offset, None)
+        await self._wait_for_room()
+        entry = self._pin(record.offset, None)
+
+        async def write() -> None:
+            await self._dlq.dead_letter(record, reason, detail)
+            self._pending.pop(entry.pid, None)
+            if self._room is not None and len(self._pending) < self._max_pending:
+                self._room.set()
+
+        entry.waiter = asyncio.ensure_future(write())
 
     # -- commits and shutdown ----------------------------------------------------------------
 
@@ -256,18 +290,27 @@ class PartitionProcessor:
 
     async def drain(self, timeout_seconds: float) -> bool:
         """Wait up to ``timeout_seconds`` for pending effects; True if none is left."""
-        tasks = {e.task for e in self._pending.values() if e.task is not None and not e.task.done()}
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_seconds)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        while self._pending and loop.time() < deadline:
+            waits = {f for e in self._pending.values() for f in (e.waiter, e.acked) if f is not None and not f.done()}
+            if not waits:
+                await asyncio.sleep(0.01)
+                continue
+            await asyncio.wait(waits, timeout=max(0.0, deadline - loop.time()))
         return not self._pending
 
     async def abandon(self) -> None:
         """Cancel pending effects (they stay pinned, so they fire again after the next owner rebuilds)."""
-        tasks = [e.task for e in self._pending.values() if e.task is not None and not e.task.done()]
+        tasks = [e.waiter for e in self._pending.values() if e.waiter is not None and not e.waiter.done()]
         for t in tasks:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        for e in self._pending.values():
+            # An effect cancelled before its task ever ran leaves its hook's coroutine unstarted.
+            if inspect.iscoroutine(e.awaitable) and inspect.getcoroutinestate(e.awaitable) == "CORO_CREATED":
+                e.awaitable.close()
 
     def gauges(self) -> tuple[int, int]:
         """(open conversations, text bytes) for the source's aggregate gauges."""

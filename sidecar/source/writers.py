@@ -87,6 +87,7 @@ class KafkaResultsWriter:
         self._cfg = cfg
         self._metrics = metrics
         self._partitions: int | None = None
+        self._retries: set[asyncio.Task[None]] = set()
 
     async def partition_count(self) -> int:
         if self._partitions is None:
@@ -94,16 +95,51 @@ class KafkaResultsWriter:
             self._partitions = len(parts)
         return self._partitions
 
+    async def submit(
+        self, source_partition: int, conversation_id: str, record: dict[str, Any]
+    ) -> asyncio.Future[int]:
+        n = self._partitions or await self.partition_count()
+        record["group"] = self._cfg.group_id
+        record["topic"] = self._cfg.topic
+        kwargs = {
+            "topic": self._cfg.results_topic,
+            "value": json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8"),
+            "key": conversation_id.encode("utf-8"),
+            "partition": source_partition % n,
+        }
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        try:
+            sent = await self._producer.send(**kwargs)
+        except KafkaError:
+            self._retry(done, kwargs)
+            return done
+
+        def on_ack(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                self._retry(done, kwargs)
+            elif not done.done():
+                done.set_result(int(f.result().offset))
+
+        sent.add_done_callback(on_ack)
+        return done
+
+    def _retry(self, done: asyncio.Future[int], kwargs: dict[str, Any]) -> None:
+        """Slow path: a send failed; resend with backoff until acknowledged."""
+        self._metrics.results_write_errors.inc()
+
+        async def resend() -> None:
+            md = await _send_until_acked(self._producer, self._metrics, "results", **kwargs)
+            if not done.done():
+                done.set_result(int(md.offset))
+
+        task = asyncio.ensure_future(resend())
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+        done.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
+
     async def append(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> int:
-        n = await self.partition_count()
-        body = {**record, "group": self._cfg.group_id, "topic": self._cfg.topic}
-        value = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        md = await _send_until_acked(
-            self._producer, self._metrics, "results",
-            topic=self._cfg.results_topic, value=value, key=conversation_id.encode("utf-8"),
-            partition=source_partition % n,
-        )
-        return int(md.offset)
+        """Submit and wait for the acknowledgement."""
+        return await (await self.submit(source_partition, conversation_id, record))
 
 
 class KafkaDeadLetterWriter:

@@ -1,8 +1,9 @@
 """The per-turn hook contract that scorers attach to.
 
-The processor calls a hook *synchronously* to obtain an awaitable and tracks that awaitable as a
-pending effect: the partition's committed position never passes the record that triggered it until
-the awaitable has finished and its outcome is recorded in the results topic. This is what makes
+The processor calls a hook synchronously. The hook returns either the outcome itself (a
+mapping: the decision was immediate, e.g. the turn was sampled out) or an awaitable of it, which
+the processor tracks as a pending effect. Either way the partition's committed position never
+passes the record that triggered the call until its outcome is recorded in the results topic. This is what makes
 effects exactly-once across ``kill -9``: an effect either completed and was recorded (and is then
 never fired again), or it was still pending, the commit did not cover it, and it fires again after
 the restart.
@@ -18,6 +19,7 @@ Hooks therefore must:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -31,6 +33,7 @@ EndReason = Literal["end_event", "idle_ttl", "evicted", "shutdown"]
 CloseReason = Literal["next_user_message", "idle_debounce", "conversation_end"]
 
 Outcome = Mapping[str, Any]
+HookResult = Outcome | Awaitable[Outcome]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,21 +64,17 @@ class TurnContext:
 class ConversationHooks(Protocol):
     """What the stream calls per conversation. See the module docstring for the guarantees."""
 
-    def on_user_message(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    def on_user_message(self, ctx: TurnContext) -> HookResult:
         """A user message arrived (turn ``ctx.turn`` opens). The agent is answering right now."""
         ...
 
-    def on_turn_closed(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    def on_turn_closed(self, ctx: TurnContext) -> HookResult:
         """Turn ``ctx.turn`` is over: next user message, idle debounce, or conversation end."""
         ...
 
-    def on_conversation_ended(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    def on_conversation_ended(self, ctx: TurnContext) -> HookResult:
         """The conversation is final: end event, idle TTL, eviction under the caps, or shutdown."""
         ...
-
-
-async def _done(outcome: Outcome) -> Outcome:
-    return outcome
 
 
 class RecordingHooks:
@@ -87,37 +86,48 @@ class RecordingHooks:
     def __init__(self) -> None:
         self.calls = 0
 
-    def _record(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    def _record(self, ctx: TurnContext) -> Outcome:
         self.calls += 1
-        return _done({"recorded": True, "messages": len(ctx.messages)})
+        return {"recorded": True, "messages": len(ctx.messages)}
 
-    def on_user_message(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    def on_user_message(self, ctx: TurnContext) -> HookResult:
         return self._record(ctx)
 
-    def on_turn_closed(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    def on_turn_closed(self, ctx: TurnContext) -> HookResult:
         return self._record(ctx)
 
-    def on_conversation_ended(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    def on_conversation_ended(self, ctx: TurnContext) -> HookResult:
         return self._record(ctx)
 
 
 class CompositeHooks:
-    """Fans one hook call out to several hook sets and merges their outcomes by name."""
+    """Fans one hook call out to several hook sets and merges their outcomes by name.
+
+    Stays synchronous when every member answers synchronously; otherwise awaits the members
+    concurrently.
+    """
 
     def __init__(self, named: Mapping[str, ConversationHooks]) -> None:
         self._named = dict(named)
 
-    async def _gather(self, calls: Sequence[tuple[str, Awaitable[Outcome]]]) -> Outcome:
-        merged: dict[str, Any] = {}
-        for name, aw in calls:
-            merged[name] = dict(await aw)
-        return merged
+    def _fan_out(self, results: Sequence[tuple[str, HookResult]]) -> HookResult:
+        sync = {name: r for name, r in results if isinstance(r, Mapping)}
+        if len(sync) == len(results):
+            return {name: dict(r) for name, r in sync.items()}
+        return self._gather(results)
 
-    def on_user_message(self, ctx: TurnContext) -> Awaitable[Outcome]:
-        return self._gather([(n, h.on_user_message(ctx)) for n, h in self._named.items()])
+    async def _gather(self, results: Sequence[tuple[str, HookResult]]) -> Outcome:
+        async def one(r: HookResult) -> Outcome:
+            return r if isinstance(r, Mapping) else await r
 
-    def on_turn_closed(self, ctx: TurnContext) -> Awaitable[Outcome]:
-        return self._gather([(n, h.on_turn_closed(ctx)) for n, h in self._named.items()])
+        values = await asyncio.gather(*(one(r) for _, r in results))
+        return {name: dict(v) for (name, _), v in zip(results, values, strict=True)}
 
-    def on_conversation_ended(self, ctx: TurnContext) -> Awaitable[Outcome]:
-        return self._gather([(n, h.on_conversation_ended(ctx)) for n, h in self._named.items()])
+    def on_user_message(self, ctx: TurnContext) -> HookResult:
+        return self._fan_out([(n, h.on_user_message(ctx)) for n, h in self._named.items()])
+
+    def on_turn_closed(self, ctx: TurnContext) -> HookResult:
+        return self._fan_out([(n, h.on_turn_closed(ctx)) for n, h in self._named.items()])
+
+    def on_conversation_ended(self, ctx: TurnContext) -> HookResult:
+        return self._fan_out([(n, h.on_conversation_ended(ctx)) for n, h in self._named.items()])

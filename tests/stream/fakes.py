@@ -3,6 +3,7 @@ about Kafka itself: those run against the mock cluster in tests/integration)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,9 +45,11 @@ class FakeJournal:
     results: list[dict[str, Any]] = field(default_factory=list)
     dead: list[tuple[int, str]] = field(default_factory=list)
 
-    async def append(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> int:
+    async def submit(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> asyncio.Future[int]:
         self.results.append(record)
-        return len(self.results) - 1
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        fut.set_result(len(self.results) - 1)
+        return fut
 
     async def dead_letter(self, record: SourceRecord, reason: str, detail: str) -> None:
         self.dead.append((record.offset, reason))
