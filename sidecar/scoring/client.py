@@ -1,0 +1,388 @@
+"""``VllmClient``: token-id completions with logprobs from vLLM's OpenAI-compatible API.
+
+Guarantees:
+
+* Prompts are token ids and ``return_tokens_as_token_ids`` is always on, so every returned token
+  and every top-logprob key is an exact id (``"token_id:N"``), never an ambiguous decoded string.
+* Sampling is greedy (``temperature=0``); logprobs are the model's raw ones.
+* One retry layer: the ``openai`` client's own retries are off (``max_retries=0``); here, retryable
+  failures (connection, timeout, 5xx, 429) are retried with full-jitter capped backoff for at most
+  ``max_attempts`` attempts and ``retry_max_elapsed_seconds``, then :class:`VllmUnavailable`
+  (a :class:`~sidecar.errors.RetryableError`) is raised. Permanent failures (other 4xx, a malformed
+  response) raise :class:`~sidecar.errors.PermanentError` at once.
+* A circuit breaker opens after consecutive failures; while open, calls *wait* (backpressure), and
+  one probe at a time tests recovery. At most ``max_concurrency`` requests are in flight.
+* Per served model (adapter): latency, prompt/generated tokens, errors by kind, on the registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+import openai
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sidecar.errors import PermanentError, RetryableError
+from sidecar.lifecycle import Health
+from sidecar.scoring.config import VllmEndpointConfig
+from sidecar.scoring.resilience import BREAKER_STATE_VALUE, CircuitBreaker, backoff_delay
+
+log = structlog.get_logger()
+
+_TOKEN_PREFIX = "token_id:"  # noqa: S105 (a vLLM key prefix, not a secret)
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+class VllmUnavailable(RetryableError):
+    """vLLM could not be reached within one call's retry budget."""
+
+
+class VllmRequestError(PermanentError):
+    """vLLM refused the request (4xx) or answered with something unreadable."""
+
+    def __init__(self, reason: str, detail: str, status: int | None = None) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedChoice:
+    """One prompt's generation: ids, their logprobs, and the top alternatives at each position."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[Mapping[int, float], ...]
+    finish_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class LLMClient(Protocol):
+    """The model calls the scorers need. Implementations keep the guarantees of :class:`VllmClient`."""
+
+    max_logprobs: int
+
+    async def generate(
+        self,
+        model: str,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: int,
+        top_logprobs: int,
+        stop_token_ids: Sequence[int] = (),
+    ) -> list[GeneratedChoice]:
+        """Greedy generation for each prompt (batched in one request), in prompt order."""
+        ...
+
+    async def prompt_token_logprobs(self, model: str, prompt: Sequence[int]) -> list[float | None]:
+        """Exact logprob of each prompt token given the ones before it (None for the first)."""
+        ...
+
+
+class VllmMetrics:
+    """Per served model: latency, tokens, errors, retries; breaker state and requests in flight."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.latency = Histogram(
+            "sidecar_vllm_request_duration_seconds",
+            "Latency of one vLLM request attempt.",
+            ["model"],
+            registry=registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.prompt_tokens = Counter(
+            "sidecar_vllm_prompt_tokens_total", "Prompt tokens sent to vLLM.", ["model"], registry=registry
+        )
+        self.generated_tokens = Counter(
+            "sidecar_vllm_generated_tokens_total", "Tokens vLLM generated.", ["model"], registry=registry
+        )
+        self.errors = Counter(
+            "sidecar_vllm_request_errors_total",
+            "Failed vLLM request attempts by kind (retryable, permanent).",
+            ["model", "kind"],
+            registry=registry,
+        )
+        self.breaker = Gauge(
+            "sidecar_vllm_circuit_breaker_state",
+            "vLLM circuit breaker: 0 closed, 1 half-open, 2 open.",
+            registry=registry,
+        )
+        self.in_flight = Gauge("sidecar_vllm_requests_in_flight", "vLLM requests in flight.", registry=registry)
+        self.up = Gauge("sidecar_vllm_up", "1 if vLLM's /health answered at the last probe.", registry=registry)
+
+
+def _parse_token(key: str) -> int:
+    if not key.startswith(_TOKEN_PREFIX):
+        raise VllmRequestError("bad_response", "token without token_id: prefix (server too old?)")
+    return int(key[len(_TOKEN_PREFIX) :])
+
+
+def parse_choice(choice: Mapping[str, Any]) -> GeneratedChoice:
+    """Turn one completions ``choice`` (as JSON) into ids and logprobs; strict about the shape."""
+    try:
+        lp = choice["logprobs"]
+        ids = tuple(_parse_token(t) for t in lp["tokens"])
+        values = tuple(float(v) for v in lp["token_logprobs"])
+        tops = tuple({_parse_token(k): float(v) for k, v in (top or {}).items()} for top in lp["top_logprobs"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise VllmRequestError("bad_response", f"malformed logprobs: {type(exc).__name__}") from exc
+    if not (len(ids) == len(values) == len(tops)):
+        raise VllmRequestError("bad_response", "logprobs arrays of different lengths")
+    return GeneratedChoice(ids, values, tops, choice.get("finish_reason"))
+
+
+def classify(exc: BaseException) -> RetryableError | PermanentError | None:
+    """Map an ``openai``/``httpx`` exception to the sidecar's retryable/permanent split."""
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status >= 500 or status in _RETRYABLE_STATUS:
+            return RetryableError(f"vLLM status {status}")
+        reason = "prompt_too_long" if "maximum context length" in str(exc).lower() else f"http_{status}"
+        return VllmRequestError(reason, f"vLLM refused the request with status {status}", status)
+    if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError | httpx.TransportError):
+        return RetryableError(type(exc).__name__)
+    return None
+
+
+class VllmClient:
+    """The sidecar's vLLM client (see the module docstring for its guarantees)."""
+
+    def __init__(
+        self,
+        config: VllmEndpointConfig,
+        registry: CollectorRegistry,
+        *,
+        max_logprobs: int = 20,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        """``http_client`` replaces the transport (tests use ``httpx.MockTransport``)."""
+        self._config = config
+        self.max_logprobs = max_logprobs
+        self.metrics = VllmMetrics(registry)
+        timeout = httpx.Timeout(config.request_timeout_seconds, connect=config.connect_timeout_seconds)
+        self._client = openai.AsyncOpenAI(
+            base_url=config.base_url,
+            api_key=config.api_key.get_secret_value() or "unused",
+            max_retries=0,
+            timeout=timeout,
+            http_client=http_client,
+        )
+        self._root_url = config.base_url.rstrip("/").removesuffix("/v1")
+        self._semaphore = asyncio.Semaphore(config.max_concurrency)
+        # The isolation gate for prompt_logprobs requests (see VllmEndpointConfig).
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._exclusive = asyncio.Lock()
+        self.breaker = CircuitBreaker(config.breaker_failure_threshold, config.breaker_reset_seconds)
+        self.metrics.breaker.set_function(lambda: BREAKER_STATE_VALUE[self.breaker.state])
+        self._healthy = False
+        self._last_health_detail = "not probed yet"
+        self._health_task: asyncio.Task[None] | None = None
+        self._http: httpx.AsyncClient | None = http_client
+        self._owns_http = http_client is None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the background ``/health`` probe; returns at once."""
+        if self._health_task is None:
+            if self._http is None:
+                self._http = httpx.AsyncClient(timeout=self._config.connect_timeout_seconds)
+            self._health_task = asyncio.create_task(self._probe_loop(), name="vllm-health")
+
+    async def stop(self) -> None:
+        """Stop the probe and close connections; idempotent."""
+        task, self._health_task = self._health_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._owns_http and self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+        await self._client.close()
+
+    async def probe(self) -> bool:
+        """One ``/health`` check; updates readiness and the ``sidecar_vllm_up`` gauge."""
+        http = self._http or httpx.AsyncClient(timeout=self._config.connect_timeout_seconds)
+        try:
+            resp = await http.get(self._root_url + "/health")
+            ok = resp.status_code == 200
+            self._last_health_detail = "ok" if ok else f"/health answered {resp.status_code}"
+        except httpx.HTTPError as exc:
+            ok = False
+            self._last_health_detail = f"/health unreachable ({type(exc).__name__})"
+        finally:
+            if http is not self._http:
+                await http.aclose()
+        if ok != self._healthy:
+            log.info("vllm.health_changed", healthy=ok)
+        self._healthy = ok
+        self.metrics.up.set(1 if ok else 0)
+        return ok
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await self.probe()
+            await asyncio.sleep(self._config.health_check_interval_seconds)
+
+    def health(self) -> Health:
+        state = self.breaker.state
+        ready = self._healthy and state != "open"
+        detail = self._last_health_detail if state == "closed" else f"{self._last_health_detail}; breaker {state}"
+        return Health("vllm", ready, detail)
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, exclusive: bool) -> AsyncIterator[None]:
+        """Shared admission for ordinary requests; sole admission for isolated ones."""
+        if exclusive and self._config.isolate_prompt_logprobs:
+            async with self._exclusive:
+                self._gate.clear()
+                try:
+                    await self._idle.wait()
+                    yield
+                finally:
+                    self._gate.set()
+            return
+        while not self._gate.is_set():
+            await self._gate.wait()
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+
+    async def _call(self, model: str, body: dict[str, Any], *, exclusive: bool = False) -> dict[str, Any]:
+        """One logical request through the retry layer, breaker and concurrency bound."""
+        async with self._admitted(exclusive):
+            return await self._call_admitted(model, body)
+
+    async def _call_admitted(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
+        cfg = self._config
+        started = time.monotonic()
+        attempt = 0
+        async with self._semaphore:
+            while True:
+                await self.breaker.acquire()
+                t0 = time.monotonic()
+                self.metrics.in_flight.inc()
+                try:
+                    resp = await self._post(model, body)
+                except Exception as exc:
+                    error = classify(exc)
+                    if error is None:
+                        self.breaker.release_probe()
+                        raise
+                    if isinstance(error, PermanentError):
+                        self.breaker.record_success()  # the server answered: it is up
+                        self.metrics.errors.labels(model, "permanent").inc()
+                        log.warning("vllm.request_refused", model=model, reason=getattr(error, "reason", ""))
+                        raise error from exc
+                    self.breaker.record_failure()
+                    self.metrics.errors.labels(model, "retryable").inc()
+                    attempt += 1
+                    elapsed = time.monotonic() - started
+                    if attempt >= cfg.max_attempts or elapsed >= cfg.retry_max_elapsed_seconds:
+                        log.warning("vllm.unavailable", model=model, attempts=attempt, error=str(error))
+                        raise VllmUnavailable(f"{attempt} attempts over {elapsed:.1f}s: {error}") from exc
+                    await asyncio.sleep(
+                        backoff_delay(attempt, cfg.retry_initial_backoff_seconds, cfg.retry_max_backoff_seconds)
+                    )
+                    continue
+                except BaseException:
+                    self.breaker.release_probe()
+                    raise
+                finally:
+                    self.metrics.in_flight.dec()
+                    self.metrics.latency.labels(model).observe(time.monotonic() - t0)
+                self.breaker.record_success()
+                usage = resp.get("usage") or {}
+                self.metrics.prompt_tokens.labels(model).inc(int(usage.get("prompt_tokens") or 0))
+                self.metrics.generated_tokens.labels(model).inc(int(usage.get("completion_tokens") or 0))
+                return resp
+
+    async def _post(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
+        payload = dict(body)
+        prompt = payload.pop("prompt")
+        max_tokens = payload.pop("max_tokens")
+        logprobs = payload.pop("logprobs", None)
+        resp = await self._client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            logprobs=logprobs,
+            extra_body=payload,
+        )
+        data = resp.model_dump()
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise VllmRequestError("bad_response", "no choices in the response")
+        return data
+
+    async def generate(
+        self,
+        model: str,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: int,
+        top_logprobs: int,
+        stop_token_ids: Sequence[int] = (),
+    ) -> list[GeneratedChoice]:
+        if not prompts:
+            return []
+        body: dict[str, Any] = {
+            "prompt": [list(p) for p in prompts],
+            "max_tokens": max_tokens,
+            "logprobs": max(1, min(top_logprobs, self.max_logprobs)),
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if stop_token_ids:
+            body["stop_token_ids"] = list(stop_token_ids)
+        data = await self._call(model, body)
+        choices = sorted(data["choices"], key=lambda c: int(c.get("index", 0)))
+        if len(choices) != len(prompts):
+            raise VllmRequestError("bad_response", f"{len(choices)} choices for {len(prompts)} prompts")
+        return [parse_choice(c) for c in choices]
+
+    async def prompt_token_logprobs(self, model: str, prompt: Sequence[int]) -> list[float | None]:
+        # prompt_logprobs bypasses vLLM's prefix cache: callers use it only off the hot path.
+        body: dict[str, Any] = {
+            "prompt": list(prompt),
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+            "return_tokens_as_token_ids": True,
+        }
+        data = await self._call(model, body, exclusive=True)
+        try:
+            rows = data["choices"][0]["prompt_logprobs"]
+            out: list[float | None] = []
+            for tid, row in zip(prompt, rows, strict=True):
+                if row is None:
+                    out.append(None)
+                    continue
+                entry = row.get(str(tid)) or row.get(f"{_TOKEN_PREFIX}{tid}")
+                out.append(float(entry["logprob"]))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise VllmRequestError("bad_response", f"malformed prompt_logprobs: {type(exc).__name__}") from exc
+        return out

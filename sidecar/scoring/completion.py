@@ -1,0 +1,147 @@
+"""Completion detection (paper Section 4.2, Appendix B.2; DESIGN.md "Completion").
+
+For c_k = [p_1, r_1, ..., p_k, r_k] the scorer asks for the greedy continuation with the top
+``max_logprobs`` logprobs at each position, in ONE request:
+
+* ``complete`` iff the greedy continuation *is* the end sequence (the paper's rule). For an adapter
+  the end sequence is the single end-tag token; for the instruct variant it is the tokens of the
+  instruct end marker (``<end of system logs>``), and the text check is used (the continuation,
+  stripped of leading space, starts with the marker), which does not depend on one tokenisation.
+* ``p_end`` = P(end sequence | c_k), exact. For the end tag it is read from the logprob of its
+  token id at the first position. When it is not among the returned top-k (so "missing means 0"
+  would be wrong), a second request scores ``prompt + end sequence`` with ``prompt_logprobs`` and
+  reads the exact logprob of each end token. That request bypasses vLLM's prefix cache, which is
+  why it is only sent when needed: with a trained adapter the end tag is almost always in the top
+  20 (when P(end) matters, it is large). ``logit_bias``/``allowed_token_ids`` would renormalise the
+  distribution and are therefore not used. For the multi-token marker, positions where the greedy
+  continuation follows the marker contribute their exact logprobs; if it diverges, the fallback
+  request supplies the rest.
+* When not complete, the greedy continuation (bounded by ``max_remaining_tokens``) is the
+  "remaining tasks" text shown to humans.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sidecar.scoring.client import LLMClient
+
+Variant = Literal["adapter", "instruct"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionScore:
+    """The verdict on one conversation prefix."""
+
+    variant: Variant
+    p_end: float
+    logprob_end: float
+    complete: bool
+    end_in_top_k: bool
+    remaining_token_ids: tuple[int, ...]
+    remaining_text: str
+    generated_tokens: int
+    requests: int
+
+    def outcome(self, *, include_text: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "variant": self.variant,
+            "p_end": round(self.p_end, 8),
+            "logprob_end": round(self.logprob_end, 6) if math.isfinite(self.logprob_end) else None,
+            "complete": self.complete,
+            "end_in_top_k": self.end_in_top_k,
+            "generated_tokens": self.generated_tokens,
+            "requests": self.requests,
+        }
+        if include_text and not self.complete:
+            out["remaining_tasks"] = self.remaining_text
+        return out
+
+
+class CompletionScorer:
+    """Scores c_k on one served model with one end sequence."""
+
+    def __init__(
+        self,
+        client: LLMClient,
+        *,
+        end_ids: Sequence[int],
+        stop_token_ids: Sequence[int],
+        max_remaining_tokens: int,
+        decode: Callable[[Sequence[int]], str],
+        variant: Variant = "adapter",
+        end_text: str | None = None,
+    ) -> None:
+        if not end_ids:
+            raise ValueError("the end sequence must have at least one token")
+        self._client = client
+        self.end_ids = tuple(end_ids)
+        self.variant = variant
+        self.end_text = end_text
+        stops = set(stop_token_ids)
+        if variant == "adapter":
+            stops.add(self.end_ids[0])
+        self.stop_ids = sorted(stops)
+        self.max_remaining_tokens = max_remaining_tokens
+        self._decode = decode
+
+    async def score(self, model: str, prompt: Sequence[int]) -> CompletionScore:
+        """One verdict on ``prompt`` (token ids of c_k) with served model ``model``."""
+        n_end = len(self.end_ids)
+        max_tokens = max(1, self.max_remaining_tokens, n_end if self.variant == "instruct" else 1)
+        (choice,) = await self._client.generate(
+            model,
+            [prompt],
+            max_tokens=max_tokens,
+            top_logprobs=self._client.max_logprobs,
+            stop_token_ids=self.stop_ids,
+        )
+        requests = 1
+        tokens = choice.token_ids
+        logprob = 0.0
+        exact = True
+        in_top_k = True
+        for j, end_id in enumerate(self.end_ids):
+            if j >= len(tokens):
+                exact = False
+                in_top_k = False
+                break
+            top = choice.top_logprobs[j]
+            if end_id in top:
+                logprob += top[end_id]
+            else:
+                in_top_k = False
+                exact = False
+                break
+            if tokens[j] != end_id:
+                # Past a divergence the positions' context differs from prompt + end[:j+1].
+                if j + 1 < n_end:
+                    exact = False
+                break
+        if not exact:
+            requests += 1
+            full = await self._client.prompt_token_logprobs(model, [*prompt, *self.end_ids])
+            tail = full[len(prompt) :]
+            logprob = sum(v for v in tail if v is not None)
+        if self.variant == "adapter":
+            complete = bool(tokens) and tokens[0] == self.end_ids[0]
+            remaining = tuple(t for t in tokens if t not in self.stop_ids)
+        else:
+            text = self._decode(tokens).lstrip()
+            complete = self.end_text is not None and text.startswith(self.end_text)
+            remaining = tuple(t for t in tokens if t not in self.stop_ids)
+        remaining_text = "" if complete else self._decode(remaining)
+        return CompletionScore(
+            variant=self.variant,
+            p_end=math.exp(logprob),
+            logprob_end=logprob,
+            complete=complete,
+            end_in_top_k=in_top_k,
+            remaining_token_ids=() if complete else remaining,
+            remaining_text=remaining_text,
+            generated_tokens=len(tokens),
+            requests=requests,
+        )

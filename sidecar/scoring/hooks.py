@@ -1,0 +1,303 @@
+"""``ScoringHooks``: the completion scorer and the response tree on the stream's per-turn hooks.
+
+* ``on_user_message`` -> response tree for the conversation up to that user message plus an empty
+  assistant prefix, computed while the agent itself is still answering (escalation in time).
+* ``on_turn_closed`` -> completion score of c_k (the turn that closed).
+* ``on_conversation_ended`` -> the final completion verdict and
+  ``sidecar_conversations_ended_total{agent,outcome,goal}``; a verdict already computed for the
+  same prefix (the last turn closed just before the end) is reused, not recomputed.
+
+Every hook returns at once: the outcome itself when no model call is needed (disabled, sampled out,
+token budget spent), else a coroutine the processor tracks as a pending effect. Inside it,
+vLLM outages and saturation make it *wait* (bounded concurrency in the client, its retry layer and
+breaker, then :func:`~sidecar.scoring.schedule.until_available`): that is how backpressure reaches
+Kafka. Permanent failures (a 4xx such as prompt too long, unsafe content) give ``{"error":
+reason}`` and a counter. Cancellation propagates. Outcomes carry numbers only, unless the config
+allows text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from sidecar.errors import ConfigError, PermanentError
+from sidecar.lifecycle import Health
+from sidecar.scoring.client import LLMClient, VllmClient
+from sidecar.scoring.completion import CompletionScore, CompletionScorer
+from sidecar.scoring.config import AgentConfig, ScoringConfig
+from sidecar.scoring.metrics import ScoringMetrics
+from sidecar.scoring.prompts import PromptBuilder, PromptTooLong
+from sidecar.scoring.schedule import LruCache, TokenBucket, sampled, until_available
+from sidecar.scoring.tree import TreeBudget, TreeExpander, most_probable_text
+from sidecar.state.hooks import HookResult, Outcome, TurnContext
+from sidecar.transcript.model import Message
+from sidecar.transcript.redact import Redactor
+from sidecar.transcript.tokenize import SafeTokenizer, UnsafeContentError
+
+log = structlog.get_logger()
+
+T = TypeVar("T")
+GoalLabeler = Callable[[TurnContext], Awaitable[str]]
+_CACHE_SIZE = 4096
+
+
+async def _unknown_goal(_ctx: TurnContext) -> str:
+    return "unknown"
+
+
+class ScoringHooks:
+    """Implements :class:`~sidecar.state.hooks.ConversationHooks` with vLLM-backed scorers."""
+
+    def __init__(
+        self,
+        config: ScoringConfig,
+        registry: CollectorRegistry,
+        *,
+        client: LLMClient | None = None,
+        tokenizer: SafeTokenizer | None = None,
+        goal_labeler: GoalLabeler | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = ScoringMetrics(registry)
+        self._owned_client: VllmClient | None = None
+        if client is None:
+            self._owned_client = VllmClient(config.vllm, registry, max_logprobs=config.max_logprobs)
+            client = self._owned_client
+        self.client = client
+        if tokenizer is None:
+            if config.tokenizer.model_dir is None:
+                raise ConfigError("scoring.tokenizer.model_dir is required")
+            tokenizer = SafeTokenizer.from_model_dir(
+                config.tokenizer.model_dir, extra_special=config.tokenizer.special_tokens
+            )
+        self.tok = tokenizer
+        cc = config.completion
+        self.prompts = PromptBuilder(
+            tokenizer,
+            end_tag=cc.end_tag,
+            instruct_prompt=cc.instruct_prompt,
+            use_chat_template=cc.instruct_use_chat_template,
+            max_prompt_tokens=config.max_prompt_tokens,
+            paper_bos=config.tokenizer.paper_format_bos,
+        )
+        self.end_id = tokenizer.token_id(cc.end_tag)
+        pad_ids = {tokenizer.token_id(t) for t in tokenizer.special_strings if "pad" in t.lower()}
+        # Any special token ends a response (eos, eot, the end tag), except BOS and padding.
+        self.stop_ids = sorted(tokenizer.special_ids - {tokenizer.bos_id} - pad_ids)
+        self._adapter_scorer = CompletionScorer(
+            client,
+            end_ids=[self.end_id],
+            stop_token_ids=self.stop_ids,
+            max_remaining_tokens=cc.max_remaining_tokens,
+            decode=tokenizer.decode,
+        )
+        marker = tokenizer.encode_trusted(cc.instruct_end_marker)
+        self._instruct_scorer = CompletionScorer(
+            client,
+            end_ids=marker,
+            stop_token_ids=self.stop_ids,
+            max_remaining_tokens=cc.max_remaining_tokens,
+            decode=tokenizer.decode,
+            variant="instruct",
+            end_text=cc.instruct_end_marker,
+        )
+        tc = config.tree
+        self._tree = TreeExpander(
+            client,
+            alpha=tc.alpha,
+            budget=TreeBudget(tc.max_depth_tokens, tc.max_generated_tokens, tc.max_requests, tc.max_leaves),
+            stop_token_ids=self.stop_ids,
+            stop_strings=() if self.prompts.use_chat else tc.stop_strings,
+            decode=tokenizer.decode,
+        )
+        r = config.redaction
+        self._redactor = (
+            Redactor(emails=r.emails, phone_numbers=r.phone_numbers, card_numbers=r.card_numbers, patterns=r.patterns)
+            if r.enabled
+            else None
+        )
+        self._goal = goal_labeler or _unknown_goal
+        self._budgets: dict[str, TokenBucket] = {}
+        self._verdicts: LruCache[tuple[str, int, str], CompletionScore] = LruCache(_CACHE_SIZE)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._owned_client is not None:
+            await self._owned_client.start()
+
+    async def stop(self) -> None:
+        if self._owned_client is not None:
+            await self._owned_client.stop()
+
+    def health(self) -> Health:
+        if self._owned_client is not None:
+            return self._owned_client.health()
+        return Health("vllm", True, "external client")
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _agent_label(self, agent: str | None) -> str:
+        if agent is None:
+            return "default"
+        return agent if agent in self.config.agents else "other"
+
+    def _budget(self, label: str, cfg: AgentConfig) -> TokenBucket:
+        bucket = self._budgets.get(label)
+        if bucket is None:
+            bucket = self._budgets[label] = TokenBucket(cfg.max_tokens_per_minute)
+        return bucket
+
+    def _messages(self, ctx: TurnContext) -> Sequence[Message]:
+        msgs = ctx.messages
+        return self._redactor.redact_messages(msgs) if self._redactor is not None else msgs
+
+    def _wait(self, kind: str) -> Callable[[], None]:
+        return lambda: self.metrics.backpressure_waits.labels(kind).inc()
+
+    async def _until_available(self, kind: str, call: Callable[[], Awaitable[T]]) -> T:
+        v = self.config.vllm
+        return await until_available(
+            call,
+            on_wait=self._wait(kind),
+            initial_seconds=v.retry_initial_backoff_seconds,
+            cap_seconds=v.outage_poll_max_seconds,
+        )
+
+    async def _guard(self, kind: str, label: str, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        t0 = time.monotonic()
+        try:
+            return await work()
+        except (PromptTooLong, UnsafeContentError, PermanentError) as exc:
+            reason = _reason(exc)
+            self.metrics.errors.labels(label, kind, reason).inc()
+            log.warning("score.failed", kind=kind, agent=label, reason=reason)
+            return {"error": reason}
+        finally:
+            self.metrics.latency.labels(label, kind).observe(time.monotonic() - t0)
+
+    def _skip(self, kind: str, label: str, reason: str) -> Outcome:
+        self.metrics.skipped.labels(label, kind, reason).inc()
+        return {"skipped": reason}
+
+    # -- completion -------------------------------------------------------------------------------
+
+    async def _completion(self, ctx: TurnContext, label: str) -> CompletionScore:
+        cfg = self.config.agent(ctx.agent)
+        key = (ctx.conversation_id, len(ctx.messages), cfg.adapter or "")
+        cached = self._verdicts.get(key)
+        if cached is not None:
+            return cached
+        messages = self._messages(ctx)
+        if cfg.adapter is not None:
+            prompt, _ = self.prompts.completion_adapter(messages)
+            scorer, model = self._adapter_scorer, cfg.adapter
+        else:
+            prompt, _ = self.prompts.completion_instruct(messages)
+            scorer, model = self._instruct_scorer, self.config.vllm.base_model
+        score = await self._until_available("completion", lambda: scorer.score(model, prompt))
+        self._budget(label, cfg).spend(score.generated_tokens)
+        self.metrics.p_end.labels(label).observe(score.p_end)
+        self._verdicts.put(key, score)
+        return score
+
+    def on_turn_closed(self, ctx: TurnContext) -> HookResult:
+        label = self._agent_label(ctx.agent)
+        cfg = self.config.agent(ctx.agent)
+        include = self.config.completion.include_text_in_outcome
+        # Decisions that need no model are returned at once (the processor records them directly).
+        if not (self.config.enabled and self.config.completion.enabled):
+            return self._skip("completion", label, "disabled")
+        if not sampled(cfg.completion_sample_rate, ctx.conversation_id, ctx.turn, "completion"):
+            return self._skip("completion", label, "sampled_out")
+        if not self._budget(label, cfg).available():
+            return self._skip("completion", label, "token_budget")
+
+        async def work() -> Outcome:
+            score = await self._completion(ctx, label)
+            self.metrics.turns_scored.labels(label, "complete" if score.complete else "incomplete").inc()
+            return score.outcome(include_text=include)
+
+        return self._guard("completion", label, work)
+
+    def on_conversation_ended(self, ctx: TurnContext) -> HookResult:
+        label = self._agent_label(ctx.agent)
+        include = self.config.completion.include_text_in_outcome
+        scoring = self.config.enabled and self.config.completion.enabled and ctx.turn > 0
+
+        async def work() -> Outcome:
+            goal = await self._goal_of(ctx)
+            if not scoring:
+                self.metrics.conversations_ended.labels(label, "unscored", goal).inc()
+                return {**self._skip("final", label, "disabled" if ctx.turn else "no_user_turn"), "goal": goal}
+            try:
+                score = await self._completion(ctx, label)
+            except (PromptTooLong, UnsafeContentError, PermanentError):
+                self.metrics.conversations_ended.labels(label, "error", goal).inc()
+                raise
+            outcome = "complete" if score.complete else "incomplete"
+            self.metrics.conversations_ended.labels(label, outcome, goal).inc()
+            return {**score.outcome(include_text=include), "final": True, "goal": goal}
+
+        return self._guard("final", label, work)
+
+    async def _goal_of(self, ctx: TurnContext) -> str:
+        try:
+            return await self._goal(ctx)
+        except Exception as exc:  # the labeler is another team's code: a bad label is not fatal
+            log.warning("score.goal_label_failed", error=type(exc).__name__)
+            return "unknown"
+
+    # -- response tree ----------------------------------------------------------------------------
+
+    def on_user_message(self, ctx: TurnContext) -> HookResult:
+        label = self._agent_label(ctx.agent)
+        cfg = self.config.agent(ctx.agent)
+        tc = self.config.tree
+        if not (self.config.enabled and tc.enabled):
+            return self._skip("tree", label, "disabled")
+        if not sampled(cfg.tree_sample_rate, ctx.conversation_id, ctx.turn, "tree"):
+            return self._skip("tree", label, "sampled_out")
+        bucket = self._budget(label, cfg)
+        if not bucket.available():
+            return self._skip("tree", label, "token_budget")
+
+        async def work() -> Outcome:
+            prompt, dropped = self.prompts.tree(self._messages(ctx))
+            model = cfg.tree_model or self.config.vllm.base_model
+            tree = await self._until_available("tree", lambda: self._tree.expand(model, prompt))
+            bucket.spend(tree.generated_tokens)
+            stats = tree.stats()
+            best = stats["max_logprob"]
+            any_best = max((b.logprob for b in tree.branches), default=None)
+            self.metrics.tree_leaves.labels(label).observe(tree.leaves)
+            self.metrics.tree_tokens.labels(label).observe(tree.generated_tokens)
+            if best is not None:
+                self.metrics.tree_max_logprob.labels(label).observe(best)
+            if tree.budget_hit:
+                self.metrics.tree_budget_hits.labels(label, tree.budget_hit).inc()
+            th = self.config.uncertainty
+            ref = best if best is not None else any_best
+            uncertain = tree.leaves >= th.min_leaves or (ref is not None and ref < th.max_best_logprob)
+            if uncertain:
+                self.metrics.uncertain_turns.labels(label).inc()
+            out: dict[str, Any] = {**stats, "uncertain": uncertain, "turns_dropped": dropped}
+            if tc.include_text_in_outcome:
+                out["best_branch"] = most_probable_text(tree, self.tok.decode, self.stop_ids)
+            return out
+
+        return self._guard("tree", label, work)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, PromptTooLong):
+        return "prompt_too_long"
+    if isinstance(exc, UnsafeContentError):
+        return "unsafe_content"
+    reason = getattr(exc, "reason", None)
+    return reason if isinstance(reason, str) else type(exc).__name__

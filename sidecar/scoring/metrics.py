@@ -1,0 +1,89 @@
+"""Scoring metrics. Labels are closed sets: ``agent`` is a configured agent name, ``default``
+(no agent on the event) or ``other`` (an agent the config does not list); ``goal`` comes from the
+goal labeler, which bounds it (top N plus ``other``); ``kind``/``reason``/``outcome`` are fixed."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_PROB_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+_LEAF_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 256, 512)
+_LOGPROB_BUCKETS = (-50.0, -30.0, -20.0, -15.0, -10.0, -7.5, -5.0, -3.0, -2.0, -1.0, -0.5, -0.1, 0.0)
+_TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class ScoringMetrics:
+    """The scorers' metrics on one registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.p_end = Histogram(
+            "sidecar_completion_probability",
+            "P(end tag | conversation so far) per scored turn.",
+            ["agent"],
+            buckets=_PROB_BUCKETS,
+            registry=registry,
+        )
+        self.turns_scored = Counter(
+            "sidecar_completion_scored_total",
+            "Completion verdicts by outcome (complete, incomplete).",
+            ["agent", "outcome"],
+            registry=registry,
+        )
+        self.conversations_ended = Counter(
+            "sidecar_conversations_ended_total",
+            "Conversations ended, by final completion verdict and goal.",
+            ["agent", "outcome", "goal"],
+            registry=registry,
+        )
+        self.tree_leaves = Histogram(
+            "sidecar_tree_leaves", "Leaves per response tree.", ["agent"], buckets=_LEAF_BUCKETS, registry=registry
+        )
+        self.tree_max_logprob = Histogram(
+            "sidecar_tree_max_logprob",
+            "Logprob of the most probable branch per response tree.",
+            ["agent"],
+            buckets=_LOGPROB_BUCKETS,
+            registry=registry,
+        )
+        self.tree_tokens = Histogram(
+            "sidecar_tree_tokens", "Generated tokens per response tree.", ["agent"], buckets=_TOKEN_BUCKETS,
+            registry=registry,
+        )  # fmt: skip
+        self.tree_budget_hits = Counter(
+            "sidecar_tree_budget_hits_total",
+            "Response trees truncated by a budget, by limit.",
+            ["agent", "limit"],
+            registry=registry,
+        )
+        self.uncertain_turns = Counter(
+            "sidecar_uncertain_turns_total",
+            "User turns whose response tree crossed the uncertainty thresholds.",
+            ["agent"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "sidecar_scoring_duration_seconds",
+            "Time from hook call to outcome, waiting included.",
+            ["agent", "kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.errors = Counter(
+            "sidecar_scoring_errors_total",
+            "Scoring calls that ended with a permanent error.",
+            ["agent", "kind", "reason"],
+            registry=registry,
+        )
+        self.skipped = Counter(
+            "sidecar_scoring_skipped_total",
+            "Scoring calls not made (sampling, token budget, disabled).",
+            ["agent", "kind", "reason"],
+            registry=registry,
+        )
+        self.backpressure_waits = Counter(
+            "sidecar_scoring_backpressure_waits_total",
+            "Times a scoring call waited for vLLM to come back instead of failing.",
+            ["kind"],
+            registry=registry,
+        )

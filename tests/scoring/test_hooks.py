@@ -1,0 +1,242 @@
+"""ScoringHooks on the toy model: routing, sampling, budgets, errors, waiting, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.scoring.client import VllmRequestError
+from sidecar.scoring.config import ScoringConfig
+from sidecar.scoring.hooks import ScoringHooks
+from sidecar.state.hooks import ConversationHooks, HookResult, Outcome, TurnContext
+from sidecar.transcript.model import Message
+from tests.scoring.conversations import RESTAURANT, TRAVEL
+from tests.scoring.fakes import ToyLM
+from tests.support.tiny_model import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tok")
+    build_tokenizer(d)
+    return d
+
+
+def _hooks(tok_dir: Path, lm: ToyLM | None = None, **cfg: Any) -> tuple[ScoringHooks, ToyLM, CollectorRegistry]:
+    base: dict[str, Any] = {
+        "enabled": True,
+        "tokenizer": {"model_dir": str(tok_dir)},
+        "agents": {"booking": {"adapter": "completion-booking"}},
+        "tree": {"alpha": 0.1, "max_depth_tokens": 6},
+    }
+    for k, v in cfg.items():
+        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    lm = lm or ToyLM(vocab=512, seed=1, peak=1.5)
+    registry = CollectorRegistry()
+    return ScoringHooks(ScoringConfig(**base), registry, client=lm), lm, registry
+
+
+async def run(result: HookResult) -> Outcome:
+    """Resolve a hook result: an immediate outcome or an awaitable of one."""
+    return await result if inspect.isawaitable(result) else result
+
+
+def _ctx(
+    kind: str, messages: list[Message], agent: str | None = "booking", turn: int = 2, cid: str = "c1"
+) -> TurnContext:
+    return TurnContext(kind, cid, turn, messages, agent, None)  # type: ignore[arg-type]
+
+
+async def test_implements_the_hook_protocol(tok_dir: Path) -> None:
+    hooks, _, _ = _hooks(tok_dir)
+    assert isinstance(hooks, object)
+    protocol: ConversationHooks = hooks
+    assert protocol is hooks
+
+
+async def test_completion_routes_to_the_agents_adapter(tok_dir: Path) -> None:
+    hooks, lm, registry = _hooks(tok_dir)
+    out = await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT)))
+    assert out["variant"] == "adapter"
+    assert 0.0 <= out["p_end"] <= 1.0
+    assert lm.requests[0]["model"] == "completion-booking"
+    assert "remaining_tasks" not in out  # text stays out of outcomes by default
+    json.dumps(out)
+    assert registry.get_sample_value("sidecar_completion_probability_count", {"agent": "booking"}) == 1
+
+
+async def test_agents_without_adapter_use_the_instruct_variant_on_the_base_model(tok_dir: Path) -> None:
+    hooks, lm, _ = _hooks(tok_dir)
+    out = await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent="unknown-agent")))
+    assert out["variant"] == "instruct"
+    assert lm.requests[0]["model"] == "base"
+
+
+async def test_text_in_outcomes_only_when_allowed(tok_dir: Path) -> None:
+    hooks, _, _ = _hooks(tok_dir, completion={"include_text_in_outcome": True}, tree={"include_text_in_outcome": True})
+    out = await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL)))
+    assert out["complete"] or isinstance(out["remaining_tasks"], str)
+    tree = await run(hooks.on_user_message(_ctx("user_message", TRAVEL)))
+    assert isinstance(tree["best_branch"], str)
+
+
+async def test_tree_outcome_and_metrics(tok_dir: Path) -> None:
+    hooks, lm, registry = _hooks(tok_dir, uncertainty={"min_leaves": 1})
+    out = await run(hooks.on_user_message(_ctx("user_message", TRAVEL)))
+    assert out["leaves"] >= 1
+    assert out["uncertain"] is True
+    assert lm.requests[0]["model"] == "base"
+    assert registry.get_sample_value("sidecar_tree_leaves_count", {"agent": "booking"}) == 1
+    assert registry.get_sample_value("sidecar_uncertain_turns_total", {"agent": "booking"}) == 1
+    json.dumps(out)
+
+
+async def test_sampling_is_deterministic_per_turn(tok_dir: Path) -> None:
+    hooks, _, _ = _hooks(tok_dir, agents={"booking": {"adapter": "a", "completion_sample_rate": 0.5}})
+    first = [await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT, cid=f"c{i}"))) for i in range(40)]
+    again = [await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT, cid=f"c{i}"))) for i in range(40)]
+    skipped = [("skipped" in o) for o in first]
+    assert skipped == [("skipped" in o) for o in again]
+    assert 5 < sum(skipped) < 35
+
+
+async def test_token_budget_skips_when_spent(tok_dir: Path) -> None:
+    hooks, _, _ = _hooks(tok_dir, agents={"booking": {"adapter": "a", "max_tokens_per_minute": 1}})
+    first = await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT, cid="x")))
+    second = await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT, cid="y")))
+    assert "p_end" in first
+    assert second == {"skipped": "token_budget"}
+
+
+async def test_disabled_scoring_does_nothing(tok_dir: Path) -> None:
+    hooks, lm, _ = _hooks(tok_dir, completion={"enabled": False}, tree={"enabled": False})
+    # Immediate decisions come back as outcomes, not awaitables.
+    assert hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT)) == {"skipped": "disabled"}
+    assert hooks.on_user_message(_ctx("user_message", RESTAURANT)) == {"skipped": "disabled"}
+    assert lm.requests == []
+
+
+async def test_final_verdict_reuses_the_last_turn_score_and_counts_by_goal(tok_dir: Path) -> None:
+    async def labeler(ctx: TurnContext) -> str:
+        return "book_table"
+
+    hooks, lm, registry = _hooks(tok_dir)
+    hooks._goal = labeler
+    closed = await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT, turn=3)))
+    n = len(lm.requests)
+    final = await run(hooks.on_conversation_ended(_ctx("conversation_ended", RESTAURANT, turn=3)))
+    assert len(lm.requests) == n  # same prefix: not recomputed
+    assert final["final"] is True
+    assert final["p_end"] == closed["p_end"]
+    outcome = "complete" if final["complete"] else "incomplete"
+    labels = {"agent": "booking", "outcome": outcome, "goal": "book_table"}
+    assert registry.get_sample_value("sidecar_conversations_ended_total", labels) == 1
+
+
+async def test_failing_goal_labeler_gives_unknown(tok_dir: Path) -> None:
+    async def broken(ctx: TurnContext) -> str:
+        raise RuntimeError("boom")
+
+    hooks, _, _ = _hooks(tok_dir)
+    hooks._goal = broken
+    final = await run(hooks.on_conversation_ended(_ctx("conversation_ended", TRAVEL, turn=3)))
+    assert final["goal"] == "unknown"
+
+
+async def test_conversation_without_user_turn_is_counted_unscored(tok_dir: Path) -> None:
+    hooks, lm, registry = _hooks(tok_dir)
+    out = await run(hooks.on_conversation_ended(_ctx("conversation_ended", [Message("system", "hi")], turn=0)))
+    assert out["skipped"] == "no_user_turn"
+    assert lm.requests == []
+    labels = {"agent": "booking", "outcome": "unscored", "goal": "unknown"}
+    assert registry.get_sample_value("sidecar_conversations_ended_total", labels) == 1
+
+
+async def test_retryable_failures_wait_instead_of_failing(tok_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    monkeypatch.setattr(random, "uniform", lambda a, b: 0.001)
+    lm = ToyLM(vocab=512, seed=1)
+    lm.fail_next = 3
+    hooks, _, registry = _hooks(tok_dir, lm)
+    out = await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT)))
+    assert "p_end" in out
+    assert registry.get_sample_value("sidecar_scoring_backpressure_waits_total", {"kind": "completion"}) == 3
+
+
+async def test_permanent_errors_become_error_outcomes(tok_dir: Path) -> None:
+    class Refusing(ToyLM):
+        async def generate(self, *a: Any, **k: Any) -> Any:
+            raise VllmRequestError("http_404", "no such adapter", 404)
+
+    hooks, _, registry = _hooks(tok_dir, Refusing(vocab=512))
+    assert await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT))) == {"error": "http_404"}
+    assert await run(hooks.on_user_message(_ctx("user_message", RESTAURANT))) == {"error": "http_404"}
+    final = await run(hooks.on_conversation_ended(_ctx("conversation_ended", RESTAURANT)))
+    assert final == {"error": "http_404"}
+    labels = {"agent": "booking", "kind": "completion", "reason": "http_404"}
+    assert registry.get_sample_value("sidecar_scoring_errors_total", labels) == 1
+    ended = {"agent": "booking", "outcome": "error", "goal": "unknown"}
+    assert registry.get_sample_value("sidecar_conversations_ended_total", ended) == 1
+
+
+async def test_oversized_conversation_is_a_permanent_error(tok_dir: Path) -> None:
+    hooks, lm, _ = _hooks(tok_dir, max_prompt_tokens=64)
+    out = await run(hooks.on_turn_closed(_ctx("turn_closed", [Message("user", "word " * 500)], turn=1)))
+    assert out == {"error": "prompt_too_long"}
+    assert lm.requests == []
+
+
+async def test_cancellation_propagates(tok_dir: Path) -> None:
+    class Hanging(ToyLM):
+        async def generate(self, *a: Any, **k: Any) -> Any:
+            await asyncio.sleep(3600)
+
+    hooks, _, _ = _hooks(tok_dir, Hanging(vocab=512))
+    task = asyncio.ensure_future(run(hooks.on_user_message(_ctx("user_message", RESTAURANT))))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_redaction_applies_before_the_prompt(tok_dir: Path) -> None:
+    seen: list[list[int]] = []
+
+    class Recording(ToyLM):
+        async def generate(self, model: str, prompts: Any, **k: Any) -> Any:
+            seen.extend(list(p) for p in prompts)
+            return await super().generate(model, prompts, **k)
+
+    hooks, _, _ = _hooks(tok_dir, Recording(vocab=512), redaction={"enabled": True})
+    msgs = [Message("user", "I am jane@example.com, card 4111 1111 1111 1111")]
+    await run(hooks.on_turn_closed(_ctx("turn_closed", msgs, turn=1)))
+    text = hooks.tok.decode(seen[0])
+    assert "jane@example.com" not in text
+    assert "4111" not in text
+    assert "[EMAIL]" in text
+    assert "[CARD]" in text
+
+
+async def test_hooks_return_quickly_without_running_work(tok_dir: Path) -> None:
+    hooks, lm, _ = _hooks(tok_dir)
+    aw = hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT))
+    assert inspect.isawaitable(aw)
+    assert lm.requests == []  # nothing happens until the processor awaits it
+    await aw
+    assert lm.requests
+
+
+async def test_agent_labels_are_bounded(tok_dir: Path) -> None:
+    hooks, _, registry = _hooks(tok_dir)
+    for i in range(5):
+        await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent=f"attacker-{i}", cid=f"k{i}")))
+    await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent=None, cid="none")))
+    assert registry.get_sample_value("sidecar_completion_probability_count", {"agent": "other"}) == 5
+    assert registry.get_sample_value("sidecar_completion_probability_count", {"agent": "default"}) == 1

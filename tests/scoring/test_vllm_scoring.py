@@ -1,0 +1,175 @@
+"""Completion scores, response trees and routing against the real vLLM CPU server.
+
+The tiny model has random weights, so what is proven here is the protocol and the arithmetic:
+P(end) equals the exact probability vLLM computes for the end tag (whether or not it is in the
+top-k), the verdict is the greedy rule, the fast tree equals a brute-force expansion, each tree
+token is generated once, and adapter routing reaches the adapter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.scoring.client import GeneratedChoice, VllmClient
+from sidecar.scoring.completion import CompletionScorer
+from sidecar.scoring.config import VllmEndpointConfig
+from sidecar.scoring.prompts import PromptBuilder
+from sidecar.scoring.tree import TreeBudget, TreeExpander
+from sidecar.transcript.model import prefix_through_turn
+from sidecar.transcript.tokenize import SafeTokenizer
+from tests.scoring.conversations import CONVERSATIONS, SHORT
+from tests.scoring.fakes import brute_force_tree
+from tests.support.tiny_model import END_TAG
+from tests.support.vllm_server import VllmServer
+
+
+@pytest.fixture
+async def client(vllm_server: VllmServer) -> AsyncIterator[VllmClient]:
+    c = VllmClient(VllmEndpointConfig(base_url=vllm_server.base_url), CollectorRegistry())
+    yield c
+    await c.stop()
+
+
+@pytest.fixture(scope="module")
+def tok(vllm_server: VllmServer) -> SafeTokenizer:
+    return SafeTokenizer.from_model_dir(vllm_server.model_dir)
+
+
+@pytest.fixture(scope="module")
+def builder(tok: SafeTokenizer) -> PromptBuilder:
+    return PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="Concisely summarize the remaining tasks.")
+
+
+def _prefixes() -> list[list]:  # type: ignore[type-arg]
+    out = []
+    for conv in CONVERSATIONS:
+        turns = sum(1 for m in conv if m.role == "user")
+        out += [prefix_through_turn(conv, k) for k in range(1, turns + 1)]
+    return out
+
+
+class TopOneClient:
+    """The real client, but vLLM returns only the top-1 logprob: forces the exact fallback path."""
+
+    def __init__(self, inner: VllmClient) -> None:
+        self.inner = inner
+        self.max_logprobs = 1
+
+    async def generate(self, model: str, prompts: Sequence[Sequence[int]], **kw: object) -> list[GeneratedChoice]:
+        return await self.inner.generate(model, prompts, **{**kw, "top_logprobs": 1})  # type: ignore[arg-type]
+
+    async def prompt_token_logprobs(self, model: str, prompt: Sequence[int]) -> list[float | None]:
+        return await self.inner.prompt_token_logprobs(model, prompt)
+
+
+async def test_p_end_is_exact_with_and_without_the_end_tag_in_top_k(
+    client: VllmClient, tok: SafeTokenizer, builder: PromptBuilder, vllm_server: VllmServer
+) -> None:
+    end_id = tok.token_id(END_TAG)
+    stops = sorted(tok.special_ids - {0, 3})
+    scorer = CompletionScorer(client, end_ids=[end_id], stop_token_ids=stops, max_remaining_tokens=8,
+                              decode=tok.decode)  # fmt: skip
+    narrow = CompletionScorer(TopOneClient(client), end_ids=[end_id], stop_token_ids=stops, max_remaining_tokens=8,
+                              decode=tok.decode)  # fmt: skip
+    paths = {"top_k": 0, "fallback": 0}
+    verdicts = set()
+    for messages in _prefixes() + SHORT:
+        prompt, _ = builder.completion_adapter(messages)
+        reference = (await client.prompt_token_logprobs(vllm_server.adapter_model, [*prompt, end_id]))[-1]
+        assert reference is not None
+        for s in (scorer, narrow):
+            score = await s.score(vllm_server.adapter_model, prompt)
+            assert score.logprob_end == pytest.approx(reference, abs=2e-3)
+            assert score.p_end == pytest.approx(math.exp(reference), rel=5e-3, abs=1e-12)
+            paths["top_k" if score.end_in_top_k else "fallback"] += 1
+            assert score.requests == (1 if score.end_in_top_k else 2)
+        # The verdict is the greedy rule, checked on an independent raw request.
+        (raw,) = await client.generate(vllm_server.adapter_model, [prompt], max_tokens=1, top_logprobs=1)
+        assert score.complete == (raw.token_ids[0] == end_id)
+        if not score.complete and raw.token_ids[0] not in stops:
+            assert score.remaining_token_ids[:1] == raw.token_ids[:1]
+            assert 0 < len(score.remaining_token_ids) <= 8
+        verdicts.add(score.complete)
+    assert paths["top_k"] > 0
+    assert paths["fallback"] > 0
+    assert verdicts == {True, False}
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
+async def test_fast_tree_agrees_with_brute_force(
+    alpha: float, client: VllmClient, tok: SafeTokenizer, builder: PromptBuilder, vllm_server: VllmServer
+) -> None:
+    stops = sorted(tok.special_ids - {0, 3})
+    depth = 12
+    total_leaves = 0
+    cases = 0
+    for messages in _prefixes()[:4]:
+        prompt, _ = builder.tree(messages)
+        for model in vllm_server.served_names:
+            expander = TreeExpander(client, alpha=alpha, budget=TreeBudget(depth, 10_000, 1_000, 1_000),
+                                    stop_token_ids=stops)  # fmt: skip
+            tree = await expander.expand(model, prompt)
+            leaves, best, leaf_lps = await brute_force_tree(
+                client, model, prompt, alpha=alpha, top_k=expander.top_k, depth=depth, stop_ids=stops
+            )
+            assert tree.budget_hit is None
+            assert tree.leaves == leaves
+            assert sorted(b.logprob for b in tree.branches) == pytest.approx(leaf_lps, abs=2e-3)
+            if best is None:
+                assert tree.max_logprob is None
+            else:
+                assert tree.max_logprob == pytest.approx(best, abs=2e-3)
+            assert tree.generated_tokens <= tree.distinct_tokens
+            total_leaves += tree.leaves
+            cases += 1
+    assert total_leaves > cases  # some trees really branched
+
+
+async def test_tree_branches_hit_the_prefix_cache(
+    vllm_server: VllmServer, client: VllmClient, tok: SafeTokenizer, builder: PromptBuilder
+) -> None:
+    expander = TreeExpander(client, alpha=0.05, budget=TreeBudget(16), stop_token_ids=sorted(tok.special_ids - {0, 3}))
+    branched = 0
+    for messages in _prefixes():
+        prompt, _ = builder.tree(messages)
+        before = _metric(vllm_server.metrics_text(), "vllm:prefix_cache_hits_total")
+        tree = await expander.expand(vllm_server.adapter_model, prompt)
+        after = _metric(vllm_server.metrics_text(), "vllm:prefix_cache_hits_total")
+        if tree.requests > 1:
+            branched += 1
+            # Every branch request re-uses at least the conversation's full blocks.
+            bs = vllm_server.block_size
+            assert after - before >= (tree.requests - 1) * (len(prompt) // bs) * bs
+    assert branched > 0
+
+
+def _metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_adapter_routing_changes_the_distribution(
+    client: VllmClient, builder: PromptBuilder, vllm_server: VllmServer
+) -> None:
+    prompt, _ = builder.completion_adapter(CONVERSATIONS[1])
+    (a,) = await client.generate(vllm_server.adapter_model, [prompt], max_tokens=1, top_logprobs=5)
+    (b,) = await client.generate(vllm_server.base_model, [prompt], max_tokens=1, top_logprobs=5)
+    assert a.top_logprobs[0] != b.top_logprobs[0]
+
+
+async def test_runtime_loaded_adapter_is_routable(
+    client: VllmClient, builder: PromptBuilder, vllm_server: VllmServer
+) -> None:
+    vllm_server.load_adapter("completion-copy", vllm_server.adapter_dir)
+    prompt, _ = builder.completion_adapter(CONVERSATIONS[0][:3])
+    (a,) = await client.generate("completion-copy", [prompt], max_tokens=3, top_logprobs=3)
+    (b,) = await client.generate(vllm_server.adapter_model, [prompt], max_tokens=3, top_logprobs=3)
+    assert a.token_ids == b.token_ids
+    assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
