@@ -18,7 +18,7 @@ class KafkaConfig(BaseModel):
     topic: str = Field("agent.conversations", min_length=1, max_length=249,
                        description="Topic carrying conversation events (event contract v1).")
     group_id: str = Field("llm-agent-sidecar", min_length=1, description="Consumer group id.")
-    client_id: str = Field("llm-agent-sidecar", min_length=1)
+    client_id: str = Field("llm-agent-sidecar", min_length=1, description="Client id sent to the brokers.")
     dead_letter_topic: str = Field(
         "agent.conversations.dlq", min_length=1, max_length=249,
         description="Rejected records go here, value untouched, the reason in headers.",
@@ -27,7 +27,9 @@ class KafkaConfig(BaseModel):
         "agent.conversations.sidecar-results", min_length=1, max_length=249,
         description="One record per hook outcome; also the exactly-once journal read back on restart.",
     )
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        "earliest", description="Where a partition with no committed offset starts."
+    )
     max_record_bytes: int = Field(
         1_048_576, ge=1024, le=100 * 1_048_576,
         description="Records with a larger value are dead-lettered as 'oversized'.",
@@ -41,18 +43,24 @@ class KafkaConfig(BaseModel):
         256, ge=1, le=1_000_000,
         description="Hook calls in flight per partition before the partition stops reading.",
     )
-    commit_interval_seconds: float = Field(1.0, gt=0, le=300)
-    session_timeout_ms: int = Field(45_000, ge=6_000, le=1_800_000)
-    heartbeat_interval_ms: int = Field(3_000, ge=100, le=60_000)
-    max_poll_interval_ms: int = Field(300_000, ge=10_000, le=3_600_000)
-    request_timeout_ms: int = Field(40_000, ge=1_000, le=600_000)
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    commit_interval_seconds: float = Field(1.0, gt=0, le=300, description="How often offsets are committed.")
+    session_timeout_ms: int = Field(45_000, ge=6_000, le=1_800_000,
+                                    description="Group session timeout: a dead replica's partitions move after it.")
+    heartbeat_interval_ms: int = Field(3_000, ge=100, le=60_000, description="At most a third of the session timeout.")
+    max_poll_interval_ms: int = Field(300_000, ge=10_000, le=3_600_000,
+                                      description="Upper bound between polls; the fetch loop never blocks on hooks.")
+    request_timeout_ms: int = Field(40_000, ge=1_000, le=600_000, description="Kafka request timeout.")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Transport security towards the brokers."
+    )
+    ssl_cafile: str | None = Field(None, description="CA bundle (PEM) to verify the brokers.")
+    ssl_certfile: str | None = Field(None, description="Client certificate (PEM) for mutual TLS.")
+    ssl_keyfile: str | None = Field(None, description="Client key (PEM) for mutual TLS.")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism when security_protocol is SASL_*."
+    )
+    sasl_username: str | None = Field(None, description="SASL user name.")
+    sasl_password: SecretStr | None = Field(None, description="SASL password; masked in `config show` and logs.")
 
     @model_validator(mode="after")
     def _check(self) -> KafkaConfig:

@@ -1,0 +1,118 @@
+"""Generate the README's configuration and metrics references from the code.
+
+``python -m tests.tools.reference_docs`` rewrites the marked sections of README.md;
+``tests/tools/test_reference_docs.py`` fails when the README is out of date.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, SecretStr
+
+from sidecar.config import SidecarConfig
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+METRIC_CLASSES = [
+    "sidecar.telemetry.stream_metrics:StreamMetrics",
+    "sidecar.telemetry.http:HttpMetrics",
+    "sidecar.scoring.client:VllmMetrics",
+    "sidecar.scoring.metrics:ScoringMetrics",
+    "sidecar.clustering.metrics:ClusteringMetrics",
+]
+
+
+def _type_name(annotation: Any) -> str:
+    plain = typing.get_origin(annotation) is None and hasattr(annotation, "__name__")
+    text = annotation.__name__ if plain else str(annotation)
+    text = text.replace("typing.", "").replace("pydantic.types.", "")
+    return re.sub(r"<class '([\w.]+)'>", r"\1", text)
+
+
+def _default(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return "(secret)"
+    if value is None:
+        return "—"
+    if isinstance(value, BaseModel):
+        return "(section)"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _walk(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str, str]]:
+    rows: list[tuple[str, str, str, str]] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        path = f"{prefix}.{name}" if prefix else name
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(_walk(ann, path))
+            continue
+        default = field.get_default(call_default_factory=True)
+        rows.append((path, _type_name(ann), _default(default), (field.description or "").replace("|", "\\|")))
+    return rows
+
+
+def config_reference() -> str:
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for path, typ, default, desc in _walk(SidecarConfig, ""):
+        env = "SIDECAR_" + "__".join(p.upper() for p in path.split(".", 1))
+        lines.append(f"| `{path}` (`{env}`) | `{typ}` | `{default}` | {desc} |")
+    return "\n".join(lines)
+
+
+def metrics_reference() -> str:
+    registry = CollectorRegistry()
+    for spec in METRIC_CLASSES:
+        module, cls = spec.split(":")
+        getattr(importlib.import_module(module), cls)(registry)
+    rows = []
+    for metric in registry.collect():
+        labels: set[str] = set()
+        for s in metric.samples:
+            labels |= set(s.labels) - {"le", "quantile"}
+        name = metric.name + ("_total" if metric.type == "counter" else "")
+        rows.append((name, metric.type, ", ".join(sorted(labels)) or "—", metric.documentation.replace("|", "\\|")))
+    # Label sets are only visible once a child exists; read them from the collectors instead.
+    label_names = {}
+    for collector in list(registry._collector_to_names):
+        names = registry._collector_to_names[collector]
+        for n in names:
+            label_names[n] = ", ".join(getattr(collector, "_labelnames", ())) or "—"
+    lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for name, typ, _, doc in sorted(rows):
+        lines.append(f"| `{name}` | {typ} | {label_names.get(name, '—')} | {doc} |")
+    return "\n".join(lines)
+
+
+SECTIONS = {"config-reference": config_reference, "metrics-reference": metrics_reference}
+
+
+def render(readme: str) -> str:
+    for name, fn in SECTIONS.items():
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        if start not in readme or end not in readme:
+            raise SystemExit(f"README.md lacks the {start} ... {end} markers")
+        before, rest = readme.split(start, 1)
+        _, after = rest.split(end, 1)
+        readme = f"{before}{start}\n{fn()}\n{end}{after}"
+    return readme
+
+
+def main() -> int:
+    text = README.read_text(encoding="utf-8")
+    new = render(text)
+    if "--check" in sys.argv:
+        return 0 if new == text else 1
+    README.write_text(new, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
