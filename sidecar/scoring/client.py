@@ -86,6 +86,15 @@ class LLMClient(Protocol):
         """Greedy generation for each prompt (batched in one request), in prompt order."""
         ...
 
+    async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:
+        """One token, forced to ``token_id``, with the top-1 alternative; logprobs as the server reports them.
+
+        With vLLM's default ``--logprobs-mode raw_logprobs`` the reported logprobs are the model's
+        own, computed before the constraint, so the forced token's logprob is its exact one; the
+        caller verifies that on every use (see :mod:`sidecar.scoring.completion`).
+        """
+        ...
+
     async def prompt_token_logprobs(self, model: str, prompt: Sequence[int]) -> list[float | None]:
         """Exact logprob of each prompt token given the ones before it (None for the first)."""
         ...
@@ -364,6 +373,21 @@ class VllmClient:
         if len(choices) != len(prompts):
             raise VllmRequestError("bad_response", f"{len(choices)} choices for {len(prompts)} prompts")
         return [parse_choice(c) for c in choices]
+
+    async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:
+        body: dict[str, Any] = {
+            "prompt": list(prompt),
+            "max_tokens": 1,
+            "logprobs": 1,
+            "allowed_token_ids": [token_id],
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        data = await self._call(model, body)
+        choices = data["choices"]
+        if len(choices) != 1:
+            raise VllmRequestError("bad_response", f"{len(choices)} choices for one prompt")
+        return parse_choice(choices[0])
 
     async def prompt_token_logprobs(self, model: str, prompt: Sequence[int]) -> list[float | None]:
         # prompt_logprobs bypasses vLLM's prefix cache: callers use it only off the hot path.

@@ -7,15 +7,20 @@ For c_k = [p_1, r_1, ..., p_k, r_k] the scorer asks for the greedy continuation 
   the end sequence is the single end-tag token; for the instruct variant it is the tokens of the
   instruct end marker (``<end of system logs>``), and the text check is used (the continuation,
   stripped of leading space, starts with the marker), which does not depend on one tokenisation.
-* ``p_end`` = P(end sequence | c_k), exact. For the end tag it is read from the logprob of its
-  token id at the first position. When it is not among the returned top-k (so "missing means 0"
-  would be wrong), a second request scores ``prompt + end sequence`` with ``prompt_logprobs`` and
-  reads the exact logprob of each end token. That request bypasses vLLM's prefix cache, which is
-  why it is only sent when needed: with a trained adapter the end tag is almost always in the top
-  20 (when P(end) matters, it is large). ``logit_bias``/``allowed_token_ids`` would renormalise the
-  distribution and are therefore not used. For the multi-token marker, positions where the greedy
-  continuation follows the marker contribute their exact logprobs; if it diverges, the fallback
-  request supplies the rest.
+* ``p_end`` = P(end sequence | c_k), exact, never "missing from top-k means 0". For the end tag
+  it is read from the logprob of its token id at the first position when it is among the top-k.
+  When it is not, a second 1-token request on the *same prompt* forces the end tag
+  (``allowed_token_ids``) and reads the logprob vLLM reports for it. That is only exact if the
+  server reports raw logprobs (computed before the constraint; vLLM's default ``--logprobs-mode
+  raw_logprobs``): with processed logprobs the forced token would get probability 1. So it is
+  verified on every use: the forced response also carries the top-1 *unconstrained* alternative,
+  whose logprob must equal the one of the first request; a renormalised distribution cannot pass
+  that check. This request shares the prompt with the first one, so vLLM's prefix cache serves
+  it. If the check fails (or the server does not support ``allowed_token_ids``), the last resort
+  scores ``prompt + end`` with ``prompt_logprobs``, which is exact whatever the server's mode but
+  bypasses the prefix cache (a full prefill). ``logit_bias`` is never used. For the multi-token
+  instruct marker the same is done token by token (positions where the greedy continuation follows
+  the marker contribute their logprobs directly). ``p_end_method`` says which path was taken.
 * When not complete, the greedy continuation (bounded by ``max_remaining_tokens``) is the
   "remaining tasks" text shown to humans.
 """
@@ -23,13 +28,17 @@ For c_k = [p_1, r_1, ..., p_k, r_k] the scorer asks for the greedy continuation 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sidecar.errors import PermanentError
 from sidecar.scoring.client import LLMClient
 
 Variant = Literal["adapter", "instruct"]
+# Logprob agreement that identifies the same raw distribution; float32 kernels differ by ~1e-5
+# between batch shapes.
+RAW_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +54,7 @@ class CompletionScore:
     remaining_text: str
     generated_tokens: int
     requests: int
+    p_end_method: str = "top_k"
 
     def outcome(self, *, include_text: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -53,6 +63,7 @@ class CompletionScore:
             "logprob_end": round(self.logprob_end, 6) if math.isfinite(self.logprob_end) else None,
             "complete": self.complete,
             "end_in_top_k": self.end_in_top_k,
+            "p_end_method": self.p_end_method,
             "generated_tokens": self.generated_tokens,
             "requests": self.requests,
         }
@@ -121,11 +132,10 @@ class CompletionScorer:
                 if j + 1 < n_end:
                     exact = False
                 break
+        method = "top_k"
         if not exact:
-            requests += 1
-            full = await self._client.prompt_token_logprobs(model, [*prompt, *self.end_ids])
-            tail = full[len(prompt) :]
-            logprob = sum(v for v in tail if v is not None)
+            logprob, method, extra = await self._exact(model, prompt, choice.top_logprobs[0] if tokens else {})
+            requests += extra
         if self.variant == "adapter":
             complete = bool(tokens) and tokens[0] == self.end_ids[0]
             remaining = tuple(t for t in tokens if t not in self.stop_ids)
@@ -144,4 +154,43 @@ class CompletionScorer:
             remaining_text=remaining_text,
             generated_tokens=len(tokens),
             requests=requests,
+            p_end_method=method,
         )
+
+    async def _exact(self, model: str, prompt: Sequence[int], reference: Mapping[int, float]) -> tuple[float, str, int]:
+        """P(end sequence) when the first request could not give it: (logprob, method, requests)."""
+        total = 0.0
+        requests = 0
+        for j, end_id in enumerate(self.end_ids):
+            try:
+                forced = await self._client.forced_next_token(model, [*prompt, *self.end_ids[:j]], end_id)
+            except PermanentError:
+                break  # e.g. a server without allowed_token_ids: use the last resort
+            requests += 1
+            if not forced.token_ids or forced.token_ids[0] != end_id:
+                break
+            if j == 0 and not raw_logprobs_confirmed(forced.top_logprobs[0], reference, end_id):
+                break
+            total += forced.logprobs[0]
+        else:
+            return total, "forced", requests
+        full = await self._client.prompt_token_logprobs(model, [*prompt, *self.end_ids])
+        tail = full[len(prompt) :]
+        return sum(v for v in tail if v is not None), "prompt_logprobs", requests + 1
+
+
+def raw_logprobs_confirmed(forced_top: Mapping[int, float], reference: Mapping[int, float], forced_id: int) -> bool:
+    """Whether a forced response's alternatives carry the unconstrained logprobs of ``reference``.
+
+    Needs at least one alternative token, present in both, with the same logprob (1e-3): under a
+    renormalised (processed) distribution the alternatives would be -inf or absent.
+    """
+    seen = 0
+    for tid, lp in forced_top.items():
+        if tid == forced_id:
+            continue
+        ref = reference.get(tid)
+        if ref is None or not math.isfinite(lp) or abs(ref - lp) > RAW_TOLERANCE:
+            return False
+        seen += 1
+    return seen > 0

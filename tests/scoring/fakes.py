@@ -28,6 +28,8 @@ class ToyLM:
         self.requests: list[dict[str, object]] = []
         self.generated = 0
         self.fail_next = 0
+        # Simulates vLLM's --logprobs-mode processed_logprobs: a forced token gets probability 1.
+        self.processed_logprobs = False
 
     def dist(self, context: Sequence[int]) -> dict[int, float]:
         """Log-probabilities of every token after ``context``."""
@@ -76,6 +78,15 @@ class ToyLM:
                 GeneratedChoice(tuple(ids), tuple(lps), tuple(tops), "stop" if len(ids) < max_tokens else "length")
             )
         return out
+
+    async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:
+        self.requests.append({"model": model, "forced": token_id})
+        d = self.dist(prompt)
+        if self.processed_logprobs:
+            top = {token_id: 0.0}
+            return GeneratedChoice((token_id,), (0.0,), (top,), "length")
+        best = min(d, key=lambda t: (-d[t], t))
+        return GeneratedChoice((token_id,), (d[token_id],), ({token_id: d[token_id], best: d[best]},), "length")
 
     async def prompt_token_logprobs(self, model: str, prompt: Sequence[int]) -> list[float | None]:
         self.requests.append({"model": model, "prompt_logprobs": True})

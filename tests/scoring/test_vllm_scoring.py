@@ -62,8 +62,19 @@ class TopOneClient:
     async def generate(self, model: str, prompts: Sequence[Sequence[int]], **kw: object) -> list[GeneratedChoice]:
         return await self.inner.generate(model, prompts, **{**kw, "top_logprobs": 1})  # type: ignore[arg-type]
 
+    async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:
+        return await self.inner.forced_next_token(model, prompt, token_id)
+
     async def prompt_token_logprobs(self, model: str, prompt: Sequence[int]) -> list[float | None]:
         return await self.inner.prompt_token_logprobs(model, prompt)
+
+
+class ProcessedLogprobsClient(TopOneClient):
+    """As a server with --logprobs-mode processed_logprobs would answer a forced request."""
+
+    async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:
+        got = await self.inner.forced_next_token(model, prompt, token_id)
+        return GeneratedChoice(got.token_ids, (0.0,), ({token_id: 0.0},), got.finish_reason)
 
 
 async def test_p_end_is_exact_with_and_without_the_end_tag_in_top_k(
@@ -75,18 +86,21 @@ async def test_p_end_is_exact_with_and_without_the_end_tag_in_top_k(
                               decode=tok.decode)  # fmt: skip
     narrow = CompletionScorer(TopOneClient(client), end_ids=[end_id], stop_token_ids=stops, max_remaining_tokens=8,
                               decode=tok.decode)  # fmt: skip
-    paths = {"top_k": 0, "fallback": 0}
+    processed = CompletionScorer(ProcessedLogprobsClient(client), end_ids=[end_id], stop_token_ids=stops,
+                                 max_remaining_tokens=8, decode=tok.decode)  # fmt: skip
+    paths = {"top_k": 0, "forced": 0, "prompt_logprobs": 0}
     verdicts = set()
     for messages in _prefixes() + SHORT:
         prompt, _ = builder.completion_adapter(messages)
         reference = (await client.prompt_token_logprobs(vllm_server.adapter_model, [*prompt, end_id]))[-1]
         assert reference is not None
-        for s in (scorer, narrow):
+        for s in (scorer, narrow, processed):
             score = await s.score(vllm_server.adapter_model, prompt)
             assert score.logprob_end == pytest.approx(reference, abs=2e-3)
             assert score.p_end == pytest.approx(math.exp(reference), rel=5e-3, abs=1e-12)
-            paths["top_k" if score.end_in_top_k else "fallback"] += 1
-            assert score.requests == (1 if score.end_in_top_k else 2)
+            paths[score.p_end_method] += 1
+            assert score.end_in_top_k == (score.p_end_method == "top_k")
+            assert score.requests == {"top_k": 1, "forced": 2, "prompt_logprobs": 3}[score.p_end_method]
         # The verdict is the greedy rule, checked on an independent raw request.
         (raw,) = await client.generate(vllm_server.adapter_model, [prompt], max_tokens=1, top_logprobs=1)
         assert score.complete == (raw.token_ids[0] == end_id)
@@ -94,8 +108,7 @@ async def test_p_end_is_exact_with_and_without_the_end_tag_in_top_k(
             assert score.remaining_token_ids[:1] == raw.token_ids[:1]
             assert 0 < len(score.remaining_token_ids) <= 8
         verdicts.add(score.complete)
-    assert paths["top_k"] > 0
-    assert paths["fallback"] > 0
+    assert all(n > 0 for n in paths.values()), paths
     assert verdicts == {True, False}
 
 
