@@ -185,3 +185,42 @@ async def test_slow_hooks_pause_partitions_then_catch_up(kafka: str, tmp_path: P
     await r.close()
     assert r.metric("sidecar_partitions_paused") == 0
     assert len(await read_topic(kafka, f"{topic}.results")) == 400
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_readyz_and_metrics_over_http(kafka: str, tmp_path: Path, running: list[Running]) -> None:
+    import aiohttp
+
+    topic = "src4"
+    port = free_port()
+    await produce_raw(kafka, topic, [msg("h", 0, "user")])
+    r = Running(config(tmp_path, kafka, topic, http={"port": port}))
+    running.append(r)
+    async with aiohttp.ClientSession() as http:
+        await r.ready.wait()
+        deadline = asyncio.get_running_loop().time() + 60
+        status, body = 0, {}
+        while asyncio.get_running_loop().time() < deadline:
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                status, body = resp.status, await resp.json()
+            if status == 200:
+                break
+            await asyncio.sleep(0.2)
+        assert status == 200, body
+        assert "partitions=4" in json.dumps(body)
+        await r.wait_for("sidecar_hooks_fired_total", 1, kind="user_message")
+        async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+            text = await resp.text()
+        assert "sidecar_events_consumed_total 1.0" in text
+        assert "conversation_id" not in text  # bounded labels only
+        await r.close()
+        with pytest.raises(aiohttp.ClientConnectionError):
+            async with http.get(f"http://127.0.0.1:{port}/readyz"):
+                pass
