@@ -1,0 +1,148 @@
+"""Start and stop a local vLLM OpenAI-compatible server (the CPU build in development and demos).
+
+Production runs vLLM as its own deployment on GPU nodes; this launcher exists for ``sidecar
+demo``, the test suite and the adapters' evaluation, which all need a real server next to them.
+vLLM lives in an interpreter of its own (``SIDECAR_VLLM_PYTHON``, default
+``~/.cache/sidecar/venv-vllm-0.32.0/bin/python``, installed by ``.ci/setup``) because it pins its
+own torch and is ~3.4 GB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from sidecar.errors import ConfigError
+
+VLLM_PYTHON_ENV = "SIDECAR_VLLM_PYTHON"
+DEFAULT_VLLM_PYTHON = Path.home() / ".cache/sidecar/venv-vllm-0.32.0/bin/python"
+# Start-up on two CPU cores: ~60-90 s to load, plus the first request's warm-up.
+DEFAULT_START_TIMEOUT_SECONDS = 420.0
+
+
+def vllm_python() -> Path:
+    """The interpreter that has vLLM installed."""
+    return Path(os.environ.get(VLLM_PYTHON_ENV) or DEFAULT_VLLM_PYTHON)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LocalVllmSpec:
+    """What to serve and how. Defaults suit small self-trained models on a CPU."""
+
+    model_dir: Path
+    served_name: str = "base"
+    lora_modules: Mapping[str, Path] = field(default_factory=dict)
+    max_lora_rank: int = 8
+    max_model_len: int = 2048
+    max_logprobs: int = 20
+    prefix_caching: bool = True
+    dtype: str = "float32"
+    kv_cache_gib: int = 1
+    block_size: int = 32  # the CPU attention backend needs a multiple of 32
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    def argv(self, python: Path, port: int) -> list[str]:
+        args = [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", self.served_name,
+            "--max-model-len", str(self.max_model_len), "--max-logprobs", str(self.max_logprobs),
+            "--dtype", self.dtype, "--block-size", str(self.block_size),
+            "--host", self.host, "--port", str(port),
+        ]
+        if self.prefix_caching:
+            args.append("--enable-prefix-caching")
+        else:
+            args.append("--no-enable-prefix-caching")
+        if self.lora_modules:
+            args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--lora-modules"]
+            args += [f"{name}={path}" for name, path in self.lora_modules.items()]
+        return args
+
+
+class LocalVllmServer:
+    """One vLLM server process. ``start()`` spawns it; ``wait_ready()`` polls ``/health``."""
+
+    def __init__(self, spec: LocalVllmSpec, log_path: Path, *, python: Path | None = None) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.python = python or vllm_python()
+        self.port = spec.port or 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def root_url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible root (``.../v1``)."""
+        return self.root_url + "/v1"
+
+    def start(self) -> None:
+        if self._proc is not None:
+            return
+        if not self.python.exists():
+            raise ConfigError(
+                f"vLLM interpreter not found at {self.python}: run `bash .ci/setup` or set {VLLM_PYTHON_ENV}"
+            )
+        if not (self.spec.model_dir / "config.json").exists():
+            raise ConfigError(f"no model at {self.spec.model_dir} (config.json missing)")
+        self.port = self.spec.port or free_port(self.spec.host)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.spec.kv_cache_gib),
+               "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(  # noqa: S603 - fixed argv built from the spec
+                self.spec.argv(self.python, self.port), stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )
+
+    async def wait_ready(self, timeout_seconds: float = DEFAULT_START_TIMEOUT_SECONDS) -> None:
+        """Return once ``/health`` answers 200; raise with the log's tail if the process dies."""
+        deadline = time.monotonic() + timeout_seconds
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            while time.monotonic() < deadline:
+                if self._proc is None or self._proc.poll() is not None:
+                    raise RuntimeError(f"vLLM exited during start-up:\n{self.log_tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(self.root_url + "/health")).status_code == 200:
+                        return
+                await asyncio.sleep(1.0)
+        raise TimeoutError(f"vLLM not ready after {timeout_seconds:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout_seconds: float = 30.0) -> None:
+        """SIGTERM the server's process group, SIGKILL after ``timeout_seconds``. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
