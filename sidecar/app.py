@@ -7,17 +7,23 @@ import contextlib
 import gc
 import signal
 import sys
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 from prometheus_client import CollectorRegistry
 
 from sidecar.config import SidecarConfig
-from sidecar.lifecycle import HealthReporter
+from sidecar.lifecycle import Component, HealthReporter
 from sidecar.source.kafka import KafkaEventSource
-from sidecar.state.hooks import ConversationHooks, RecordingHooks
+from sidecar.state.hooks import CompositeHooks, ConversationHooks, HookResult, Outcome, RecordingHooks, TurnContext
 from sidecar.telemetry.http import HttpServer
 from sidecar.telemetry.logging import configure_logging
 from sidecar.telemetry.stream_metrics import StreamMetrics
+
+if TYPE_CHECKING:
+    from sidecar.clustering.live import GoalClusterer
 
 log = structlog.get_logger(__name__)
 
@@ -36,10 +42,70 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> ConversationHooks:
+@dataclass
+class Assembly:
+    """The hook set plus the components it needs started, checked and served."""
+
+    hooks: ConversationHooks
+    components: list[Component] = field(default_factory=list)
+    health: list[HealthReporter] = field(default_factory=list)
+    json_routes: dict[str, Callable[[], object]] = field(default_factory=dict)
+
+
+class _GoalVerdicts:
+    """Passes each conversation's final completion verdict to goal clustering (rate per goal)."""
+
+    def __init__(self, scoring: ConversationHooks, goals: GoalClusterer) -> None:
+        self._scoring = scoring
+        self._goals = goals
+
+    def on_user_message(self, ctx: TurnContext) -> HookResult:
+        return self._scoring.on_user_message(ctx)
+
+    def on_turn_closed(self, ctx: TurnContext) -> HookResult:
+        return self._scoring.on_turn_closed(ctx)
+
+    def on_conversation_ended(self, ctx: TurnContext) -> HookResult:
+        result = self._scoring.on_conversation_ended(ctx)
+        if isinstance(result, Mapping):
+            self._record(ctx, result)
+            return result
+        return self._after(ctx, result)
+
+    async def _after(self, ctx: TurnContext, result: Awaitable[Outcome]) -> Outcome:
+        outcome = await result
+        self._record(ctx, outcome)
+        return outcome
+
+    def _record(self, ctx: TurnContext, outcome: Outcome) -> None:
+        complete = outcome.get("complete")
+        self._goals.record_outcome(ctx.conversation_id, complete if isinstance(complete, bool) else None)
+
+
+def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
     """The hook set the config asks for; the no-op recorder when no scorer is enabled."""
-    del config, registry  # scorers and goal clustering plug in here
-    return RecordingHooks()
+    named: dict[str, ConversationHooks] = {}
+    out = Assembly(hooks=RecordingHooks())
+    goals: GoalClusterer | None = None
+    if config.clustering.enabled:
+        from sidecar.clustering.live import GoalClusterer
+
+        goals = GoalClusterer(config.clustering, registry)
+        out.components.append(goals)
+        out.health.append(goals)
+        out.json_routes["clusters"] = goals.snapshot
+    if config.scoring.enabled:
+        from sidecar.scoring.hooks import ScoringHooks
+
+        scoring = ScoringHooks(config.scoring, registry, goal_labeler=goals.goal_label if goals else None)
+        out.components.append(scoring)
+        out.health.append(scoring)
+        named["scoring"] = _GoalVerdicts(scoring, goals) if goals is not None else scoring
+    if goals is not None:
+        named["goals"] = goals
+    if named:
+        out.hooks = CompositeHooks(named)
+    return out
 
 
 async def run_app(
@@ -53,14 +119,19 @@ async def run_app(
     """Run the sidecar until ``stop`` is set (or the task is cancelled), then shut down cleanly."""
     registry = registry or CollectorRegistry()
     metrics = StreamMetrics(registry)
-    hooks = hooks if hooks is not None else build_hooks(config, registry)
-    source = KafkaEventSource(config.kafka, config.state, hooks, metrics)
-    health: list[HealthReporter] = [source]
-    http = HttpServer(config.http, registry, health)
+    assembly = build_hooks(config, registry)
+    if hooks is not None:
+        assembly.hooks = hooks
+    source = KafkaEventSource(config.kafka, config.state, assembly.hooks, metrics)
+    http = HttpServer(config.http, registry, [source, *assembly.health], assembly.json_routes)
     stop = stop or asyncio.Event()
     tune_gc()
+    started: list[Component] = []
     try:
         await http.start()
+        for component in assembly.components:
+            await component.start()
+            started.append(component)
         await source.start()
         log.info("sidecar.started", topic=config.kafka.topic, group=config.kafka.group_id, http_port=http.port)
         if ready is not None:
@@ -70,7 +141,10 @@ async def run_app(
             await stop.wait()
             runner.cancel()
     finally:
+        # Source first: it drains and commits while the scorers can still finish effects.
         await source.stop()
+        for component in reversed(started):
+            await component.stop()
         await http.stop()
         log.info("sidecar.stopped")
 
