@@ -27,11 +27,12 @@ from typing import Any, Protocol
 import httpx
 import openai
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from sidecar.errors import PermanentError, RetryableError
 from sidecar.lifecycle import Health
 from sidecar.scoring.config import VllmEndpointConfig
+from sidecar.scoring.metrics import VllmMetrics
 from sidecar.scoring.resilience import BREAKER_STATE_VALUE, CircuitBreaker, backoff_delay
 
 log = structlog.get_logger()
@@ -98,38 +99,6 @@ class LLMClient(Protocol):
     async def prompt_token_logprobs(self, model: str, prompt: Sequence[int]) -> list[float | None]:
         """Exact logprob of each prompt token given the ones before it (None for the first)."""
         ...
-
-
-class VllmMetrics:
-    """Per served model: latency, tokens, errors, retries; breaker state and requests in flight."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.latency = Histogram(
-            "sidecar_vllm_request_duration_seconds",
-            "Latency of one vLLM request attempt.",
-            ["model"],
-            registry=registry,
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-        )
-        self.prompt_tokens = Counter(
-            "sidecar_vllm_prompt_tokens_total", "Prompt tokens sent to vLLM.", ["model"], registry=registry
-        )
-        self.generated_tokens = Counter(
-            "sidecar_vllm_generated_tokens_total", "Tokens vLLM generated.", ["model"], registry=registry
-        )
-        self.errors = Counter(
-            "sidecar_vllm_request_errors_total",
-            "Failed vLLM request attempts by kind (retryable, permanent).",
-            ["model", "kind"],
-            registry=registry,
-        )
-        self.breaker = Gauge(
-            "sidecar_vllm_circuit_breaker_state",
-            "vLLM circuit breaker: 0 closed, 1 half-open, 2 open.",
-            registry=registry,
-        )
-        self.in_flight = Gauge("sidecar_vllm_requests_in_flight", "vLLM requests in flight.", registry=registry)
-        self.up = Gauge("sidecar_vllm_up", "1 if vLLM's /health answered at the last probe.", registry=registry)
 
 
 def _parse_token(key: str) -> int:

@@ -190,7 +190,7 @@ class SchedulingConfig(BaseModel):
     model_config = _frozen
 
     max_pending_per_kind: int = Field(
-        64, ge=1, description="Hook awaitables of one kind running at once; more wait (backpressure)."
+        64, ge=1, description="Scoring calls of one kind (tree, completion, final) running at once; more wait."
     )
 
 

@@ -18,6 +18,7 @@ allows text.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -35,7 +36,7 @@ from sidecar.scoring.prompts import PromptBuilder, PromptTooLong
 from sidecar.scoring.schedule import LruCache, TokenBucket, sampled, until_available
 from sidecar.scoring.tree import TreeBudget, TreeExpander, most_probable_text
 from sidecar.state.hooks import HookResult, Outcome, TurnContext
-from sidecar.transcript.model import Message
+from sidecar.transcript.model import Message, prefix_through_turn
 from sidecar.transcript.redact import Redactor
 from sidecar.transcript.tokenize import SafeTokenizer, UnsafeContentError
 
@@ -123,6 +124,7 @@ class ScoringHooks:
         )
         self._goal = goal_labeler or _unknown_goal
         self._budgets: dict[str, TokenBucket] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
         self._verdicts: LruCache[tuple[str, int, str], CompletionScore] = LruCache(_CACHE_SIZE)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -154,7 +156,9 @@ class ScoringHooks:
         return bucket
 
     def _messages(self, ctx: TurnContext) -> Sequence[Message]:
-        msgs = ctx.messages
+        # c_k: turns 0..k only. A turn closed by the next user message has that message in the
+        # snapshot already, and it is not part of the turn being judged.
+        msgs = prefix_through_turn(ctx.messages, ctx.turn)
         return self._redactor.redact_messages(msgs) if self._redactor is not None else msgs
 
     def _wait(self, kind: str) -> Callable[[], None]:
@@ -171,8 +175,11 @@ class ScoringHooks:
 
     async def _guard(self, kind: str, label: str, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
         t0 = time.monotonic()
+        slots = self._slots.setdefault(kind, asyncio.Semaphore(self.config.scheduling.max_pending_per_kind))
         try:
-            return await work()
+            # Per kind, so a burst of trees cannot starve completion verdicts of vLLM slots.
+            async with slots:
+                return await work()
         except (PromptTooLong, UnsafeContentError, PermanentError) as exc:
             reason = _reason(exc)
             self.metrics.errors.labels(label, kind, reason).inc()
@@ -189,7 +196,7 @@ class ScoringHooks:
 
     async def _completion(self, ctx: TurnContext, label: str) -> CompletionScore:
         cfg = self.config.agent(ctx.agent)
-        key = (ctx.conversation_id, len(ctx.messages), cfg.adapter or "")
+        key = (ctx.conversation_id, len(prefix_through_turn(ctx.messages, ctx.turn)), cfg.adapter or "")
         cached = self._verdicts.get(key)
         if cached is not None:
             return cached

@@ -4,7 +4,7 @@ goal labeler, which bounds it (top N plus ``other``); ``kind``/``reason``/``outc
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _PROB_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 _LEAF_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 256, 512)
@@ -87,3 +87,35 @@ class ScoringMetrics:
             ["kind"],
             registry=registry,
         )
+
+
+class VllmMetrics:
+    """Per served model: latency, tokens, errors, retries; breaker state and requests in flight."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.latency = Histogram(
+            "sidecar_vllm_request_duration_seconds",
+            "Latency of one vLLM request attempt.",
+            ["model"],
+            registry=registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.prompt_tokens = Counter(
+            "sidecar_vllm_prompt_tokens_total", "Prompt tokens sent to vLLM.", ["model"], registry=registry
+        )
+        self.generated_tokens = Counter(
+            "sidecar_vllm_generated_tokens_total", "Tokens vLLM generated.", ["model"], registry=registry
+        )
+        self.errors = Counter(
+            "sidecar_vllm_request_errors_total",
+            "Failed vLLM request attempts by kind (retryable, permanent).",
+            ["model", "kind"],
+            registry=registry,
+        )
+        self.breaker = Gauge(
+            "sidecar_vllm_circuit_breaker_state",
+            "vLLM circuit breaker: 0 closed, 1 half-open, 2 open.",
+            registry=registry,
+        )
+        self.in_flight = Gauge("sidecar_vllm_requests_in_flight", "vLLM requests in flight.", registry=registry)
+        self.up = Gauge("sidecar_vllm_up", "1 if vLLM's /health answered at the last probe.", registry=registry)

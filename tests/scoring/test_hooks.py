@@ -240,3 +240,40 @@ async def test_agent_labels_are_bounded(tok_dir: Path) -> None:
     await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent=None, cid="none")))
     assert registry.get_sample_value("sidecar_completion_probability_count", {"agent": "other"}) == 5
     assert registry.get_sample_value("sidecar_completion_probability_count", {"agent": "default"}) == 1
+
+
+async def test_pending_work_is_bounded_per_kind(tok_dir: Path) -> None:
+    running = 0
+    peak = 0
+
+    class Slow(ToyLM):
+        async def generate(self, *a: Any, **k: Any) -> Any:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.02)
+            running -= 1
+            return await super().generate(*a, **k)
+
+    hooks, _, _ = _hooks(tok_dir, Slow(vocab=512), scheduling={"max_pending_per_kind": 2}, tree={"enabled": False})
+    outs = await asyncio.gather(
+        *(run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, cid=f"p{i}"))) for i in range(8))
+    )
+    assert all("p_end" in o for o in outs)
+    assert peak == 2
+
+
+async def test_turn_closed_by_the_next_user_message_scores_c_k_without_it(tok_dir: Path) -> None:
+    seen: list[list[int]] = []
+
+    class Recording(ToyLM):
+        async def generate(self, model: str, prompts: Any, **k: Any) -> Any:
+            seen.extend(list(p) for p in prompts)
+            return await super().generate(model, prompts, **k)
+
+    hooks, _, _ = _hooks(tok_dir, Recording(vocab=512))
+    c2 = TRAVEL[:4]  # two complete turns
+    await run(hooks.on_turn_closed(_ctx("turn_closed", [*c2, TRAVEL[4]], turn=2, cid="a")))
+    await run(hooks.on_turn_closed(_ctx("turn_closed", c2, turn=2, cid="b")))
+    assert seen[0] == seen[1]
+    assert "Can you also find a hotel" not in hooks.tok.decode(seen[0])
