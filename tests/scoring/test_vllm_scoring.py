@@ -8,6 +8,7 @@ token is generated once, and adapter routing reaches the adapter.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import AsyncIterator, Sequence
 
@@ -16,9 +17,11 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.scoring.client import GeneratedChoice, VllmClient
 from sidecar.scoring.completion import CompletionScorer
-from sidecar.scoring.config import VllmEndpointConfig
+from sidecar.scoring.config import ScoringConfig, VllmEndpointConfig
+from sidecar.scoring.hooks import ScoringHooks
 from sidecar.scoring.prompts import PromptBuilder
 from sidecar.scoring.tree import TreeBudget, TreeExpander
+from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from sidecar.transcript.model import prefix_through_turn
 from sidecar.transcript.tokenize import SafeTokenizer
 from tests.scoring.conversations import CONVERSATIONS, SHORT
@@ -186,3 +189,49 @@ async def test_runtime_loaded_adapter_is_routable(
     (b,) = await client.generate(vllm_server.adapter_model, [prompt], max_tokens=3, top_logprobs=3)
     assert a.token_ids == b.token_ids
     assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+
+
+async def test_scoring_hooks_end_to_end_on_the_real_server(vllm_server: VllmServer) -> None:
+    """All three hooks, adapter and instruct variants, outcomes and metrics, against real vLLM."""
+
+    async def labeler(ctx: TurnContext) -> str:
+        return "restaurant"
+
+    cfg = ScoringConfig(
+        enabled=True,
+        tokenizer={"model_dir": str(vllm_server.model_dir)},
+        agents={"booking": {"adapter": vllm_server.adapter_model}},
+        vllm={"base_url": vllm_server.base_url, "base_model": vllm_server.base_model},
+        tree={"alpha": 0.1, "max_depth_tokens": 16},
+    )
+    registry = CollectorRegistry()
+    hooks = ScoringHooks(cfg, registry, goal_labeler=labeler)
+    await hooks.start()
+    try:
+        conv = CONVERSATIONS[0]
+        for agent in ("booking", None):
+            tree = await _resolve(hooks.on_user_message(TurnContext("user_message", "e2e", 1, conv[:2], agent, None)))
+            assert tree["leaves"] >= 1
+            assert tree["generated_tokens"] <= tree["distinct_tokens"]
+            closed = await _resolve(hooks.on_turn_closed(TurnContext("turn_closed", "e2e", 1, conv[:4], agent, None)))
+            assert closed["variant"] == ("adapter" if agent else "instruct")
+            assert 0.0 <= closed["p_end"] <= 1.0
+            final = await _resolve(
+                hooks.on_conversation_ended(TurnContext("conversation_ended", "e2e", 3, conv, agent, None))
+            )
+            assert final["final"] is True
+            assert final["goal"] == "restaurant"
+            label = agent or "default"
+            verdict = "complete" if final["complete"] else "incomplete"
+            ended = {"agent": label, "outcome": verdict, "goal": "restaurant"}
+            assert registry.get_sample_value("sidecar_conversations_ended_total", ended) == 1
+            assert registry.get_sample_value("sidecar_tree_leaves_count", {"agent": label}) == 1
+        assert (
+            registry.get_sample_value("sidecar_vllm_prompt_tokens_total", {"model": vllm_server.base_model}) or 0
+        ) > 0
+    finally:
+        await hooks.stop()
+
+
+async def _resolve(result: HookResult) -> Outcome:
+    return await result if inspect.isawaitable(result) else result
