@@ -134,9 +134,15 @@ class TreeConfig(BaseModel):
     )
     max_requests: int = Field(64, ge=1, description="Compute budget: vLLM requests per tree.")
     max_leaves: int = Field(256, ge=1, description="Stop expanding past this many leaves.")
+    use_chat_template: bool = Field(
+        True,
+        description="Prompt with the model's chat template and a partial assistant response (paper Listing 2) "
+        "when it has one; otherwise, or when off, the paper's TURN/STEP format with an assistant header.",
+    )
     stop_strings: tuple[str, ...] = Field(
         ("\n\nTURN ",),
-        description="End of response in the paper format: the next step header starts.",
+        description="End of response in the paper format: the next step header starts (unused with a chat "
+        "template, where the end-of-turn token ends a response).",
     )
     include_text_in_outcome: bool = Field(
         False, description="Put the most probable branch text in outcomes: off by default."

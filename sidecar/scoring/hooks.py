@@ -85,6 +85,7 @@ class ScoringHooks:
             use_chat_template=cc.instruct_use_chat_template,
             max_prompt_tokens=config.max_prompt_tokens,
             paper_bos=config.tokenizer.paper_format_bos,
+            tree_use_chat_template=config.tree.use_chat_template,
         )
         self.end_id = tokenizer.token_id(cc.end_tag)
         pad_ids = {tokenizer.token_id(t) for t in tokenizer.special_strings if "pad" in t.lower()}
@@ -113,7 +114,7 @@ class ScoringHooks:
             alpha=tc.alpha,
             budget=TreeBudget(tc.max_depth_tokens, tc.max_generated_tokens, tc.max_requests, tc.max_leaves),
             stop_token_ids=self.stop_ids,
-            stop_strings=() if self.prompts.use_chat else tc.stop_strings,
+            stop_strings=() if self.prompts.tree_chat else tc.stop_strings,
             decode=tokenizer.decode,
         )
         r = config.redaction

@@ -64,11 +64,13 @@ class PromptBuilder:
         use_chat_template: bool = True,
         max_prompt_tokens: int = 1900,
         paper_bos: bool = False,
+        tree_use_chat_template: bool = True,
     ) -> None:
         self.tok = tokenizer
         self.end_tag = end_tag
         self.instruct_prompt = instruct_prompt
         self.use_chat = use_chat_template and tokenizer.chat_template is not None
+        self.tree_chat = tree_use_chat_template and tokenizer.chat_template is not None
         self.max_prompt_tokens = max_prompt_tokens
         self.paper_bos = paper_bos
         self.forbidden = (*tokenizer.special_strings, end_tag)
@@ -108,7 +110,7 @@ class PromptBuilder:
         """The conversation so far plus a partial assistant response (paper Listing 2)."""
 
         def build(msgs: Sequence[Message]) -> list[int]:
-            if self.use_chat:
+            if self.tree_chat:
                 chat = [ChatMessage.untrusted(m.role, _chat_content(m)) for m in msgs]
                 chat.append(ChatMessage.untrusted("assistant", assistant_prefix))
                 return self._chat(chat, partial=True)

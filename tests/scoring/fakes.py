@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 from collections.abc import Mapping, Sequence
 
 from sidecar.errors import RetryableError
@@ -28,13 +29,17 @@ class ToyLM:
         self.requests: list[dict[str, object]] = []
         self.generated = 0
         self.fail_next = 0
+        self.fail_calls: set[int] = set()  # 1-based generate() calls that fail (retryable)
+        self.calls = 0
         # Simulates vLLM's --logprobs-mode processed_logprobs: a forced token gets probability 1.
         self.processed_logprobs = False
 
     def dist(self, context: Sequence[int]) -> dict[int, float]:
         """Log-probabilities of every token after ``context``."""
-        h = hashlib.blake2b(repr((self.seed, tuple(context))).encode(), digest_size=32).digest()
-        logits = [(h[i % 32] / 255.0) * self.peak * (1 + (h[(i * 7) % 32] % 3)) for i in range(self.vocab)]
+        h = hashlib.blake2b(repr((self.seed, tuple(context))).encode(), digest_size=16).digest()
+        rng = random.Random(int.from_bytes(h, "big"))
+        # A few tokens stand out (u**4), as in a trained model's peaked next-token distribution.
+        logits = [6.0 * self.peak * rng.random() ** 4 for _ in range(self.vocab)]
         z = math.log(sum(math.exp(x) for x in logits))
         return {i: x - z for i, x in enumerate(logits)}
 
@@ -53,8 +58,9 @@ class ToyLM:
         top_logprobs: int,
         stop_token_ids: Sequence[int] = (),
     ) -> list[GeneratedChoice]:
-        if self.fail_next > 0:
-            self.fail_next -= 1
+        self.calls += 1
+        if self.fail_next > 0 or self.calls in self.fail_calls:
+            self.fail_next = max(0, self.fail_next - 1)
             raise RetryableError("toy outage")
         self.requests.append({"model": model, "n": len(prompts), "max_tokens": max_tokens})
         k = min(top_logprobs, self.max_logprobs)

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.errors import PermanentError
 from sidecar.scoring.client import VllmClient, VllmRequestError, VllmUnavailable, parse_choice
 from sidecar.scoring.config import VllmEndpointConfig
+from sidecar.scoring.resilience import CircuitBreaker
 
 
 def _ok(prompts: int = 1) -> dict[str, object]:
@@ -241,3 +242,40 @@ async def test_prompt_logprobs_requests_run_alone() -> None:
     results = await asyncio.gather(*gens[:3], *plps, *gens[3:])
     assert overlaps == []
     assert results[3] == [None, -1.5]
+
+
+def _state(breaker: CircuitBreaker) -> str:
+    """The state, widened to str (mypy narrows a property across awaits otherwise)."""
+    return breaker.state
+
+
+async def test_half_open_breaker_lets_exactly_one_probe_through() -> None:
+    breaker = CircuitBreaker(threshold=1, reset_seconds=0.05)
+    breaker.record_failure()
+    assert _state(breaker) == "open"
+    admitted: list[int] = []
+
+    async def caller(i: int) -> None:
+        await breaker.acquire()
+        admitted.append(i)
+
+    tasks = [asyncio.create_task(caller(i)) for i in range(5)]
+    await asyncio.sleep(0.2)
+    assert len(admitted) == 1  # the probe; the others wait for its verdict
+    assert _state(breaker) == "half_open"
+    breaker.record_success()
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=2)
+    assert sorted(admitted) == list(range(5))
+    assert _state(breaker) == "closed"
+
+
+async def test_failed_probe_reopens_the_breaker() -> None:
+    breaker = CircuitBreaker(threshold=3, reset_seconds=0.05)
+    for _ in range(3):
+        breaker.record_failure()
+    await asyncio.wait_for(breaker.acquire(), timeout=1)
+    assert _state(breaker) == "half_open"
+    breaker.record_failure()
+    assert _state(breaker) == "open"
+    breaker.release_probe()
+    assert _state(breaker) == "open"

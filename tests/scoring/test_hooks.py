@@ -277,3 +277,28 @@ async def test_turn_closed_by_the_next_user_message_scores_c_k_without_it(tok_di
     await run(hooks.on_turn_closed(_ctx("turn_closed", c2, turn=2, cid="b")))
     assert seen[0] == seen[1]
     assert "Can you also find a hotel" not in hooks.tok.decode(seen[0])
+
+
+async def test_a_failure_in_the_middle_of_a_tree_retries_the_tree(
+    tok_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    monkeypatch.setattr(random, "uniform", lambda a, b: 0.001)
+    reference, _, _ = _hooks(tok_dir, ToyLM(vocab=512, seed=1, peak=4.0), tree={"alpha": 0.05})
+    expected = await run(reference.on_user_message(_ctx("user_message", TRAVEL)))
+    assert expected["requests"] >= 2
+    lm = ToyLM(vocab=512, seed=1, peak=4.0)
+    lm.fail_calls = {2}  # the first branch request fails once
+    hooks, _, registry = _hooks(tok_dir, lm, tree={"alpha": 0.05})
+    out = await run(hooks.on_user_message(_ctx("user_message", TRAVEL)))
+    assert out == expected
+    assert registry.get_sample_value("sidecar_scoring_backpressure_waits_total", {"kind": "tree"}) == 1
+
+
+async def test_paper_format_tree_ends_branches_at_the_next_step_header(tok_dir: Path) -> None:
+    hooks, _, _ = _hooks(tok_dir, tree={"use_chat_template": False, "include_text_in_outcome": True})
+    assert not hooks.prompts.tree_chat
+    assert hooks._tree._stop_strings == ("\n\nTURN ",)
+    out = await run(hooks.on_user_message(_ctx("user_message", TRAVEL)))
+    assert "\n\nTURN " not in out["best_branch"]
