@@ -260,11 +260,26 @@ async def score_all_turns(
     }
 
 
-def resolve_model(args: argparse.Namespace, root: Path) -> TinyModel:
+def find_artifacts(root: Path) -> TinyModel | None:
+    """Trained artifacts committed under ``adapters/artifacts``: a base model dir and a LoRA dir."""
+    if not root.is_dir():
+        return None
+    bases = sorted(p.parent for p in root.rglob("config.json") if (p.parent / "tokenizer.json").is_file())
+    loras = sorted(p.parent for p in root.rglob("adapter_config.json"))
+    loras = [d for d in loras if "noend" not in d.name] or loras
+    if not bases or not loras:
+        return None
+    return TinyModel(bases[0], loras[0], bases[0] / "tokenizer.json")
+
+
+def resolve_model(args: argparse.Namespace, root: Path) -> tuple[TinyModel, str]:
     if args.model_dir and args.adapter_dir:
         md = Path(args.model_dir)
-        return TinyModel(md, Path(args.adapter_dir), md / "tokenizer.json")
-    return build_model(root)
+        return TinyModel(md, Path(args.adapter_dir), md / "tokenizer.json"), "given artifacts"
+    found = find_artifacts(Path(__file__).resolve().parents[2] / "adapters" / "artifacts")
+    if found is not None:
+        return found, "trained artifacts from adapters/artifacts"
+    return build_model(root), "the test suite's tiny random-weights Llama (protocol figures only)"
 
 
 async def run_on(
@@ -300,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-scoring-") as tmp:
         root = Path(tmp)
-        model = resolve_model(args, root / "model")
+        model, origin = resolve_model(args, root / "model")
+        print(f"model: {origin}: {model.model_dir.name} + {model.adapter_dir.name}", flush=True)
         tok = SafeTokenizer.from_model_dir(model.model_dir)
         convs = load_conversations(2 * args.conversations + 3 * args.throughput_conversations, args.max_turns)
         results: dict[bool, Any] = {}

@@ -190,6 +190,15 @@ def _wait_ready(server: VllmServer, deadline: float) -> None:
     raise RuntimeError(f"vLLM not ready after {STARTUP_TIMEOUT_SECONDS:.0f}s:\n{server.log_tail()}")
 
 
+def max_model_len(model_dir: Path, cap: int = 2048) -> int:
+    """``--max-model-len``: 2048, or less if the checkpoint has fewer positions (trained artifacts)."""
+    try:
+        positions = int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return cap
+    return min(cap, positions)
+
+
 def start_server(
     model: TinyModel,
     log_path: Path,
@@ -210,7 +219,7 @@ def start_server(
         "--served-model-name", BASE_MODEL,
         "--enable-lora", "--lora-modules", f"{ADAPTER_MODEL}={model.adapter_dir}",
         "--max-lora-rank", "8",
-        "--max-model-len", "2048",
+        "--max-model-len", str(max_model_len(model.model_dir)),
         "--max-logprobs", "20",
         "--dtype", "float32",
         "--seed", "0",
