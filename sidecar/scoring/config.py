@@ -139,6 +139,11 @@ class TreeConfig(BaseModel):
         description="Prompt with the model's chat template and a partial assistant response (paper Listing 2) "
         "when it has one; otherwise, or when off, the paper's TURN/STEP format with an assistant header.",
     )
+    skip_superseded: bool = Field(
+        True,
+        description="Skip a tree that has not started yet when a newer user message of the same conversation "
+        "arrived (debounce under load).",
+    )
     stop_strings: tuple[str, ...] = Field(
         ("\n\nTURN ",),
         description="End of response in the paper format: the next step header starts (unused with a chat "

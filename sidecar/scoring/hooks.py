@@ -45,6 +45,7 @@ log = structlog.get_logger()
 T = TypeVar("T")
 GoalLabeler = Callable[[TurnContext], Awaitable[str]]
 _CACHE_SIZE = 4096
+_LATEST_TURNS = 65536  # conversations whose newest user turn is remembered for the tree debounce
 
 
 async def _unknown_goal(_ctx: TurnContext) -> str:
@@ -126,6 +127,7 @@ class ScoringHooks:
         self._goal = goal_labeler or _unknown_goal
         self._budgets: dict[str, TokenBucket] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
+        self._latest_turn: LruCache[str, int] = LruCache(_LATEST_TURNS)
         self._verdicts: LruCache[tuple[str, int, str], CompletionScore] = LruCache(_CACHE_SIZE)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -274,8 +276,16 @@ class ScoringHooks:
         bucket = self._budget(label, cfg)
         if not bucket.available():
             return self._skip("tree", label, "token_budget")
+        latest = self._latest_turn.get(ctx.conversation_id)
+        if latest is None or latest < ctx.turn:
+            self._latest_turn.put(ctx.conversation_id, ctx.turn)
 
         async def work() -> Outcome:
+            # Debounce: a tree still waiting for vLLM when the user has already sent another
+            # message is stale (the agent has moved on); only the newest one is worth computing.
+            newest = self._latest_turn.get(ctx.conversation_id)
+            if tc.skip_superseded and newest is not None and newest > ctx.turn:
+                return self._skip("tree", label, "superseded")
             prompt, dropped = self.prompts.tree(self._messages(ctx))
             model = cfg.tree_model or self.config.vllm.base_model
             tree = await self._until_available("tree", lambda: self._tree.expand(model, prompt))

@@ -60,11 +60,25 @@ class LocalVllmSpec:
 
     def argv(self, python: Path, port: int) -> list[str]:
         args = [
-            str(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir), "--served-model-name", self.served_name,
-            "--max-model-len", str(self.max_model_len), "--max-logprobs", str(self.max_logprobs),
-            "--dtype", self.dtype, "--block-size", str(self.block_size),
-            "--host", self.host, "--port", str(port),
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_name,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-logprobs",
+            str(self.max_logprobs),
+            "--dtype",
+            self.dtype,
+            "--block-size",
+            str(self.block_size),
+            "--host",
+            self.host,
+            "--port",
+            str(port),
         ]
         if self.prefix_caching:
             args.append("--enable-prefix-caching")
@@ -105,12 +119,20 @@ class LocalVllmServer:
         if not (self.spec.model_dir / "config.json").exists():
             raise ConfigError(f"no model at {self.spec.model_dir} (config.json missing)")
         self.port = self.spec.port or free_port(self.spec.host)
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.spec.kv_cache_gib),
-               "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": str(self.spec.kv_cache_gib),
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv built from the spec
-                self.spec.argv(self.python, self.port), stdout=log, stderr=subprocess.STDOUT, env=env,
+                self.spec.argv(self.python, self.port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
                 start_new_session=True,
             )
 

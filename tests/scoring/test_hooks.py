@@ -302,3 +302,16 @@ async def test_paper_format_tree_ends_branches_at_the_next_step_header(tok_dir: 
     assert hooks._tree._stop_strings == ("\n\nTURN ",)
     out = await run(hooks.on_user_message(_ctx("user_message", TRAVEL)))
     assert "\n\nTURN " not in out["best_branch"]
+
+
+async def test_a_tree_superseded_by_a_newer_user_message_is_skipped(tok_dir: Path) -> None:
+    hooks, _, registry = _hooks(tok_dir)
+    old = hooks.on_user_message(_ctx("user_message", TRAVEL[:3], turn=2, cid="d"))
+    new = hooks.on_user_message(_ctx("user_message", TRAVEL[:5], turn=3, cid="d"))
+    assert await run(old) == {"skipped": "superseded"}
+    assert "leaves" in await run(new)
+    labels = {"agent": "booking", "kind": "tree", "reason": "superseded"}
+    assert registry.get_sample_value("sidecar_scoring_skipped_total", labels) == 1
+    # A replay of the old turn after a restart (newest unknown) computes it.
+    fresh, _, _ = _hooks(tok_dir)
+    assert "leaves" in await run(fresh.on_user_message(_ctx("user_message", TRAVEL[:3], turn=2, cid="d")))
