@@ -108,13 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     result: object
     if args.command == "prepare":
-        from adapters.prepare import prepare  # noqa: PLC0415 - keeps `adapters --help` light
+        from adapters.prepare import prepare
 
         ddir = args.datasets_dir or _shared_dir() / "datasets"
         result = prepare(ddir, args.datasets, args.out, seed=args.seed, max_train=args.max_train,
                          max_test=args.max_test)
     elif args.command == "train-base":
-        from adapters.base import BaseModelSpec, train_base  # noqa: PLC0415 - keeps `adapters --help` light
+        from adapters.base import BaseModelSpec, train_base
 
         spec = BaseModelSpec(args.vocab_size, args.hidden_size, args.layers, args.heads, args.intermediate_size,
                              args.max_positions, args.window)
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             learning_rate=args.lr, max_tokens=args.max_tokens, seed=args.seed,
                             max_steps=args.max_steps)
     elif args.command == "train-lora":
-        from adapters.lora import LoraRecipe, train_lora  # noqa: PLC0415 - keeps `adapters --help` light
+        from adapters.lora import LoraRecipe, train_lora
 
         recipe = LoraRecipe(rank=args.rank, alpha=2 * args.rank, epochs=args.epochs, learning_rate=args.lr,
                             batch_size=args.batch_size, max_context_tokens=args.max_context_tokens,
@@ -131,11 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                             with_end_tag=not args.no_end_tag, max_per_dataset=args.max_per_dataset,
                             max_steps=args.max_steps)
     elif args.command == "export":
-        from adapters.export import export_adapter  # noqa: PLC0415 - keeps `adapters --help` light
+        from adapters.export import export_adapter
 
         result = export_adapter(args.adapter, args.out, args.base_name, max_lora_rank=args.max_lora_rank)
     else:
-        from adapters.evaluate import run_eval  # noqa: PLC0415 - keeps `adapters --help` light
+        from adapters.evaluate import run_eval
 
         result = run_eval(args)
     json.dump(result, sys.stdout, indent=2, default=str)

@@ -27,7 +27,7 @@ import structlog
 from tqdm import tqdm
 
 from adapters.baseline import tail_text, train_classifier
-from adapters.data import messages_from_json
+from adapters.data import messages_from_json, stable_unit
 from adapters.manifest import file_sha256, write_manifest
 from adapters.metrics import binary_metrics
 from adapters.report import write_report
@@ -43,13 +43,16 @@ def load_examples(path: Path, limit: int | None) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     out = [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
-    return out if limit is None else out[:limit]
+    if limit is None:
+        return out
+    # Label-blind subset; a conversation's full and truncated copies stay together (stable sort).
+    return sorted(out, key=lambda e: stable_unit(e["conversation_id"], "eval-subset"))[:limit]
 
 
 def score_model(client: httpx.Client, model: str, prompts: Sequence[list[int]], want: list[int],
-                desc: str) -> list[NextToken]:
+                desc: str, *, vocab_size: int) -> list[NextToken]:
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(tqdm(pool.map(lambda p: next_token(client, model, p, want), prompts),
+        return list(tqdm(pool.map(lambda p: next_token(client, model, p, want, full_logprobs=vocab_size), prompts),
                          total=len(prompts), desc=desc, unit="req", leave=False))
 
 
@@ -67,7 +70,9 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     hist: dict[str, dict[str, list[float]]] = {}
     out_dir: Path = args.out
-    server = VllmServer(args.base, loras, out_dir / "vllm.log", port=args.port)
+    vocab_size = int(json.loads((args.base / "config.json").read_text())["vocab_size"])
+    # Full-vocabulary logprobs make the fallback lookup exact and batch-safe (see next_token).
+    server = VllmServer(args.base, loras, out_dir / "vllm.log", port=args.port, max_logprobs=vocab_size)
     with server, httpx.Client(base_url=server.base_url, timeout=120.0) as client:
         for name in args.datasets:
             for set_name, fname in LABEL_SETS:
@@ -80,7 +85,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
                 res: dict[str, Any] = {"label_source": exs[0]["label_source"]}
                 lookups = 0
                 for method, served in models.items():
-                    outs = score_model(client, served, prompts, [end_id, turn_id], f"{name}/{set_name}/{method}")
+                    outs = score_model(client, served, prompts, [end_id, turn_id], f"{name}/{set_name}/{method}",
+                                       vocab_size=vocab_size)
                     lookups += sum(o.exact_lookups for o in outs)
                     p_end = [o.probs[end_id] for o in outs]
                     res[method] = binary_metrics(labels, [o.greedy_id == end_id for o in outs], p_end)

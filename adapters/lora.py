@@ -79,7 +79,7 @@ def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe:
 
 def _optimizer_factory(recipe: LoraRecipe, use_cuda: bool) -> tuple[Any, str]:
     if use_cuda and importlib.util.find_spec("bitsandbytes") is not None:
-        import bitsandbytes as bnb  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415 - CUDA only
+        import bitsandbytes as bnb  # type: ignore[import-not-found, unused-ignore]
 
         return (lambda ps: bnb.optim.AdamW8bit(ps, lr=recipe.learning_rate, weight_decay=recipe.weight_decay),
                 "bitsandbytes AdamW8bit")

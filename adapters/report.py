@@ -30,8 +30,8 @@ def _fmt(x: float | None) -> str:
 def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = ["# Completion detection: held-out evaluation (paper Table 2 protocol)", "",
              f"Command: `{meta['command']}`  ", f"Wall time: {meta['wall_seconds']} s; context: last "
-             f"{meta['max_context_tokens']} tokens; P(end) exact (top-20 logprobs, else a prompt_logprobs "
-             f"lookup). Positive class for P/R/F1 columns marked (c) = complete, (i) = incomplete.", ""]
+             f"{meta['max_context_tokens']} tokens; P(end) exact (top-20 logprobs, else the full-vocabulary logprobs "
+             f"of the same position). Positive class for P/R/F1 columns marked (c) = complete, (i) = incomplete.", ""]
     for name, sets in results.items():
         for set_name, res in sets.items():
             title = ("full = complete, truncated copy = incomplete" if set_name == "protocol"

