@@ -222,7 +222,9 @@ class ScoringConfig(BaseModel):
     uncertainty: UncertaintyThresholds = Field(default_factory=UncertaintyThresholds)
     redaction: RedactionConfig = Field(default_factory=RedactionConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
-    max_logprobs: int = Field(20, ge=1, le=1000, description="The server's --max-logprobs.")
+    max_logprobs: int = Field(
+        20, ge=1, le=1000, description="The server's --max-logprobs (asking for more is a 400 from vLLM)."
+    )
     max_prompt_tokens: int = Field(
         1900, ge=16, description="Longer prompts keep their head (system) and tail (recent turns)."
     )
