@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -304,7 +305,7 @@ class VllmClient:
         prompt = payload.pop("prompt")
         max_tokens = payload.pop("max_tokens")
         logprobs = payload.pop("logprobs", None)
-        resp = await self._client.completions.create(
+        raw = await self._client.completions.with_raw_response.create(
             model=model,
             prompt=prompt,
             max_tokens=max_tokens,
@@ -312,9 +313,16 @@ class VllmClient:
             logprobs=logprobs,
             extra_body=payload,
         )
-        data = resp.model_dump()
+        # Parsed here, not by the openai models: vLLM's extra fields (prompt_logprobs) and a
+        # malformed body are both handled in one place, without pydantic serializer warnings.
+        try:
+            data = json.loads(raw.text)
+        except ValueError as exc:
+            raise VllmRequestError("bad_response", "response body is not JSON") from exc
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
             raise VllmRequestError("bad_response", "no choices in the response")
+        if not all(isinstance(c, dict) for c in data["choices"]):
+            raise VllmRequestError("bad_response", "a choice is not an object")
         return data
 
     async def generate(

@@ -279,3 +279,12 @@ async def test_failed_probe_reopens_the_breaker() -> None:
     assert _state(breaker) == "open"
     breaker.release_probe()
     assert _state(breaker) == "open"
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[]", b'{"choices": "x"}', b'{"choices": [1]}', b"\xff\xfe", b""])
+async def test_unreadable_bodies_are_permanent(raw: bytes) -> None:
+    headers = {"content-type": "application/json"}
+    client, _ = _client(lambda r: httpx.Response(200, content=raw, headers=headers))
+    with pytest.raises(VllmRequestError) as info:
+        await client.generate("base", [[1]], max_tokens=1, top_logprobs=1)
+    assert info.value.reason == "bad_response"
