@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,45 @@ def test_long_conversations_drop_oldest_turns_and_keep_the_preamble(builder: Pro
     assert "answer 39" in text
     with pytest.raises(PromptTooLong):
         small.completion_adapter([Message("user", "word " * 2000)])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["user", "assistant", "tool"]), st.text(max_size=40)),
+        min_size=2,
+        max_size=8,
+    )
+)
+def test_each_turns_prompt_extends_the_previous_one(builder: PromptBuilder, steps: list[tuple[str, str]]) -> None:
+    """Prefix stability: c_k's ids are a prefix of c_{k+1}'s, so vLLM's prefix cache serves them."""
+    conv = [Message("user", "start")] + [Message(role, text) for role, text in steps]  # type: ignore[arg-type]
+    previous: list[int] = []
+    for n in range(1, len(conv) + 1):
+        ids, dropped = builder.completion_adapter(conv[:n])
+        assert dropped == 0
+        assert ids[: len(previous)] == previous
+        previous = ids
+
+
+def test_chat_template_from_jinja_file_and_named_list(tmp_path: Path) -> None:
+    build_tokenizer(tmp_path)
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = cfg.pop("chat_template")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    (tmp_path / "chat_template.jinja").write_text(template, encoding="utf-8")
+    assert SafeTokenizer.from_model_dir(tmp_path).chat_template == template
+    (tmp_path / "chat_template.jinja").unlink()
+    cfg["chat_template"] = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": template}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    assert SafeTokenizer.from_model_dir(tmp_path).chat_template == template
+
+
+def test_template_that_raises_is_a_config_error(tmp_path: Path) -> None:
+    build_tokenizer(tmp_path)
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    cfg["chat_template"] = "{{ raise_exception('roles must alternate') }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    tok = SafeTokenizer.from_model_dir(tmp_path)
+    with pytest.raises(ConfigError, match="alternate"):
+        tok.render_chat([ChatMessage.untrusted("user", "x")])
