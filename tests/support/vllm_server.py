@@ -65,6 +65,9 @@ def vllm_python() -> Path:
     env = os.environ.get("SIDECAR_VLLM_PYTHON")
     if env:
         return Path(env)
+    venv = os.environ.get("SIDECAR_VLLM_VENV")  # what .ci/setup installs into, when set
+    if venv:
+        return Path(venv) / "bin" / "python"
     return Path.home() / ".cache/sidecar/venv-vllm-0.32.0/bin/python"
 
 
