@@ -21,7 +21,8 @@ Server flags: ``--enable-lora --max-lora-rank 8 --enable-prefix-caching --block-
 --max-logprobs 20 --dtype float32 --max-model-len 2048``, ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB), a free loopback port.
 Start-up takes 1-2 minutes on two cores, paid once per session.
 
-The vLLM interpreter is ``$SIDECAR_VLLM_PYTHON`` or ``~/.cache/sidecar/venv-vllm-0.32.0/bin/python``
+The vLLM interpreter is ``$SIDECAR_VLLM_PYTHON``, else ``$SIDECAR_VLLM_VENV/bin/python``, else
+``~/.cache/sidecar/venv-vllm-0.32.0/bin/python``
 (see ENVIRONMENT.md). A missing interpreter is a test *error*, never a skip.
 
 Development shortcut: ``python -m tests.support.vllm_server serve ROOT [PORT]`` starts the same
