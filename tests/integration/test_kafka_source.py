@@ -49,7 +49,7 @@ class Running:
         self.ready = asyncio.Event()
         self.registry = CollectorRegistry()
         self.task = asyncio.create_task(
-            run_app(cfg, hooks=hooks or RecordingHooks(), ready=self.ready, stop=self.stop, registry=self.registry)
+            run_app(cfg, hooks=hooks, ready=self.ready, stop=self.stop, registry=self.registry)
         )
 
     def metric(self, name: str, **labels: str) -> float:
