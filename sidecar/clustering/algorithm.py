@@ -52,7 +52,7 @@ class ClusteringResult:
 
 def kmeans(vectors: Matrix, k: int, seed: int, n_init: int) -> IntArray:
     """Plain k-means on unit vectors (deterministic for a seed); k is capped at the distinct rows."""
-    from sklearn.cluster import KMeans  # noqa: PLC0415 - heavy; only loaded when clustering runs
+    from sklearn.cluster import KMeans
 
     distinct = len(np.unique(vectors.round(6), axis=0))
     k = max(1, min(k, distinct))

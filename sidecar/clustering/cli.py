@@ -101,7 +101,7 @@ def add_clusters_parser(subparsers: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> ClusteringConfig:
-    from sidecar.config import load_config  # noqa: PLC0415 - the root tree imports every section
+    from sidecar.config import load_config
 
     base = load_config(args.config).clustering.model_dump()
     over: dict[str, Any] = {}

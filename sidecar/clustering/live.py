@@ -399,3 +399,6 @@ class GoalClusterer:
             conv.counted = conv.counted or conv.complete is not None
         self._reservoir.decay()
         self.metrics.clusters.set(len(ids))
+        self.metrics.cluster_size.clear()
+        for info in clusters.values():
+            self.metrics.cluster_size.labels(info.metric_label).inc(info.size)

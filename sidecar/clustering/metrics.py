@@ -42,6 +42,12 @@ class ClusteringMetrics:
             registry=registry,
         )
         self.clusters = Gauge("sidecar_clustering_clusters", "Goal clusters currently live.", registry=registry)
+        self.cluster_size = Gauge(
+            "sidecar_clustering_goal_conversations",
+            "Reservoir conversations per goal label at the last re-clustering (top N, other).",
+            ["goal"],
+            registry=registry,
+        )
         self.reservoir = Gauge(
             "sidecar_clustering_reservoir_conversations",
             "Conversation summaries held for the next re-clustering.",

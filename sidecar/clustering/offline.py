@@ -150,7 +150,7 @@ def iter_conversations(
 
 async def summarize_all(convs: Sequence[Conversation], llm: GoalLLM, concurrency: int = 8) -> list[str]:
     """Goal summary of every conversation, in order."""
-    import asyncio  # noqa: PLC0415 - keeps the module import light for the CLI parser
+    import asyncio
 
     sem = asyncio.Semaphore(concurrency)
 

@@ -114,6 +114,8 @@ async def test_labels_are_bounded_to_top_n_plus_other_and_unknown() -> None:
     assert len(snap["clusters"]) == 5
     named = [c["metric_label"] for c in snap["clusters"][:2]]
     assert all(c["metric_label"] == OTHER for c in snap["clusters"][2:])
+    sizes = {s.labels["goal"]: s.value for m in gc.metrics.cluster_size.collect() for s in m.samples}
+    assert set(sizes) == {*named, OTHER} and sum(sizes.values()) == 50
     seen = set(await feed(gc, list(GOALS), 3, start=50))
     assert seen <= set(named) | {OTHER, UNKNOWN}
     assert OTHER in seen
