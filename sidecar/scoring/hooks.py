@@ -88,16 +88,21 @@ class ScoringHooks:
             paper_bos=config.tokenizer.paper_format_bos,
             tree_use_chat_template=config.tree.use_chat_template,
         )
-        self.end_id = tokenizer.token_id(cc.end_tag)
+        self.end_id = _end_tag_id(tokenizer, cc.end_tag, config)
         pad_ids = {tokenizer.token_id(t) for t in tokenizer.special_strings if "pad" in t.lower()}
         # Any special token ends a response (eos, eot, the end tag), except BOS and padding.
         self.stop_ids = sorted(tokenizer.special_ids - {tokenizer.bos_id} - pad_ids)
-        self._adapter_scorer = CompletionScorer(
-            client,
-            end_ids=[self.end_id],
-            stop_token_ids=self.stop_ids,
-            max_remaining_tokens=cc.max_remaining_tokens,
-            decode=tokenizer.decode,
+        # Without an end-tag token (a stock base model, instruct variant only) no adapter scorer.
+        self._adapter_scorer = (
+            CompletionScorer(
+                client,
+                end_ids=[self.end_id],
+                stop_token_ids=self.stop_ids,
+                max_remaining_tokens=cc.max_remaining_tokens,
+                decode=tokenizer.decode,
+            )
+            if self.end_id is not None
+            else None
         )
         marker = tokenizer.encode_trusted(cc.instruct_end_marker)
         self._instruct_scorer = CompletionScorer(
@@ -204,7 +209,7 @@ class ScoringHooks:
         if cached is not None:
             return cached
         messages = self._messages(ctx)
-        if cfg.adapter is not None:
+        if cfg.adapter is not None and self._adapter_scorer is not None:
             prompt, _ = self.prompts.completion_adapter(messages)
             scorer, model = self._adapter_scorer, cfg.adapter
         else:
@@ -310,6 +315,20 @@ class ScoringHooks:
             return out
 
         return self._guard("tree", label, work)
+
+
+def _end_tag_id(tokenizer: SafeTokenizer, end_tag: str, config: ScoringConfig) -> int | None:
+    """The end tag's id; None is allowed only when no agent routes to an adapter."""
+    try:
+        return tokenizer.token_id(end_tag)
+    except ConfigError:
+        agents = [config.default_agent, *config.agents.values()]
+        if any(a.adapter is not None for a in agents):
+            raise ConfigError(
+                f"the end tag {end_tag!r} is not a single token of the served tokenizer, but agents route "
+                "to completion adapters (set scoring.completion.end_tag to the adapters' end token)"
+            ) from None
+        return None
 
 
 def _reason(exc: BaseException) -> str:

@@ -36,7 +36,8 @@ def _hooks(tok_dir: Path, lm: ToyLM | None = None, **cfg: Any) -> tuple[ScoringH
         "tree": {"alpha": 0.1, "max_depth_tokens": 6},
     }
     for k, v in cfg.items():
-        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+        merge = isinstance(v, dict) and v and isinstance(base.get(k), dict)
+        base[k] = {**base[k], **v} if merge else v
     lm = lm or ToyLM(vocab=512, seed=1, peak=1.5)
     registry = CollectorRegistry()
     return ScoringHooks(ScoringConfig(**base), registry, client=lm), lm, registry
@@ -315,3 +316,14 @@ async def test_a_tree_superseded_by_a_newer_user_message_is_skipped(tok_dir: Pat
     # A replay of the old turn after a restart (newest unknown) computes it.
     fresh, _, _ = _hooks(tok_dir)
     assert "leaves" in await run(fresh.on_user_message(_ctx("user_message", TRAVEL[:3], turn=2, cid="d")))
+
+
+async def test_tokenizer_without_the_end_tag_serves_the_instruct_variant_only(tok_dir: Path) -> None:
+    from sidecar.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="end tag"):
+        _hooks(tok_dir, completion={"end_tag": "<|no_such_token|>"})
+    hooks, lm, _ = _hooks(tok_dir, completion={"end_tag": "<|no_such_token|>"}, agents={})
+    out = await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent=None)))
+    assert out["variant"] == "instruct"
+    assert lm.requests[0]["model"] == "base"
