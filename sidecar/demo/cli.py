@@ -15,9 +15,11 @@ import contextlib
 import importlib
 import itertools
 import math
+import os
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -26,6 +28,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from sidecar.config import SidecarConfig, load_config
+from sidecar.demo import models
 from sidecar.demo.display import DemoDisplay
 from sidecar.demo.mock_cluster import MockKafkaCluster
 from sidecar.demo.replay import (
@@ -38,6 +41,7 @@ from sidecar.demo.replay import (
     produce,
 )
 from sidecar.errors import ConfigError
+from sidecar.scoring.local_vllm import LocalVllmServer
 from sidecar.telemetry.logging import configure_logging
 
 log = structlog.get_logger()
@@ -126,6 +130,12 @@ def add_demo_parser(subparsers: Any, add_config_arg: Callable[[argparse.Argument
                    help="replay this gzipped JSONL file of conversations instead of the bundled sample")
     p.add_argument("--linger", type=_seconds, default=None, metavar="SECONDS",
                    help="stop this long after the last event (default: keep running until Ctrl-C)")
+    p.add_argument("--scoring", choices=("auto", "on", "off"), default="auto",
+                   help="score completion and response trees on a local vLLM server with the bundled model "
+                        "(auto: when the model and vLLM are installed; default auto)")
+    p.add_argument("--goals", choices=("auto", "on", "off"), default="auto",
+                   help="keep LLM-free goal clusters live, served at /clusters (auto: when the embeddings "
+                        "extra is installed; default auto)")
     p.set_defaults(handler=run_demo)
 
 
@@ -175,24 +185,12 @@ def _default_pipeline() -> Pipeline:
 def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> int:
     """``sidecar demo`` handler; returns the process exit code."""
     try:
-        records = load_sample() if args.input is None else load_jsonl_gz(args.input)
-        base = load_config(args.config)
-    except (SampleError, ConfigError) as exc:
+        records, base = _load_inputs(args)
+        overrides: dict[str, Any] = {"http": {"port": _http_port(args, base)}}
+        server, reason = _plan_models(args, overrides)
+    except (SampleError, ConfigError, ValueError) as exc:
         print(f"sidecar demo: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if args.conversations is not None:
-        if args.conversations > len(records):
-            print(f"sidecar demo: --conversations {args.conversations}: only {len(records)} available",
-                  file=sys.stderr)
-            return EXIT_USAGE
-        records = records[: args.conversations]
-    if not records:
-        print("sidecar demo: no conversations to replay", file=sys.stderr)
-        return EXIT_USAGE
-    port = args.http_port if args.http_port is not None else base.http.port
-    if port == 0:
-        # Picked here rather than by the server so the address can be printed before it starts.
-        port = _free_port(base.http.host)
     try:
         cluster = MockKafkaCluster()
         bootstrap = cluster.start()
@@ -200,19 +198,79 @@ def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> i
         print(f"sidecar demo: cannot start the mock Kafka cluster: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     try:
+        if server is not None:
+            server.start()
+            overrides["scoring"] = models.scoring_overrides(server)
         # The mock cluster speaks plaintext only: a production file's TLS/SASL settings cannot apply.
-        kafka = {"bootstrap_servers": bootstrap, "security_protocol": "PLAINTEXT"}
-        config = load_config(args.config, overrides={"kafka": kafka, "http": {"port": port}})
+        overrides["kafka"] = {"bootstrap_servers": bootstrap, "security_protocol": "PLAINTEXT"}
+        config = load_config(args.config, overrides=overrides)
         configure_logging(config.logging, _CurrentStderr())  # type: ignore[arg-type]
-        return asyncio.run(_demo(config, args, records, pipeline or _default_pipeline()))
+        if server is None and args.scoring == "auto":
+            print(f"sidecar demo: scoring off: {reason}", file=sys.stderr)
+        return asyncio.run(_demo(config, args, records, pipeline or _default_pipeline(), server))
     except asyncio.CancelledError:  # a second Ctrl-C cancelled the demo without waiting
         return 130
+    except (ConfigError, OSError, RuntimeError, TimeoutError) as exc:
+        print(f"sidecar demo: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     finally:
+        if server is not None:
+            server.stop()
         cluster.stop()
 
 
+def _load_inputs(args: argparse.Namespace) -> tuple[Sequence[dict[str, Any]], SidecarConfig]:
+    records = load_sample() if args.input is None else load_jsonl_gz(args.input)
+    base = load_config(args.config)
+    if args.conversations is not None:
+        if args.conversations > len(records):
+            raise ValueError(f"--conversations {args.conversations}: only {len(records)} available")
+        records = records[: args.conversations]
+    if not records:
+        raise ValueError("no conversations to replay")
+    return records, base
+
+
+def _http_port(args: argparse.Namespace, base: SidecarConfig) -> int:
+    port: int = args.http_port if args.http_port is not None else base.http.port
+    if port == 0:
+        # Picked here rather than by the server so the address can be printed before it starts.
+        port = _free_port(base.http.host)
+    return port
+
+
+def _plan_models(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[LocalVllmServer | None, str | None]:
+    """Decide scoring and goal clustering from --scoring/--goals; ValueError when asked for and impossible."""
+    server = None
+    reason = models.scoring_unavailable_reason()
+    if args.scoring == "on" and reason is not None:
+        raise ValueError(f"--scoring on: {reason}")
+    if args.scoring != "off" and reason is None:
+        server = models.local_server(Path(tempfile.gettempdir()) / f"sidecar-demo-vllm-{os.getpid()}.log")
+    if args.goals == "on" and not models.embeddings_available():
+        raise ValueError("--goals on: the embeddings extra is not installed")
+    if args.goals != "off" and models.embeddings_available():
+        overrides["clustering"] = models.clustering_overrides()
+    return server, reason
+
+
+async def _start_scoring(server: LocalVllmServer | None) -> None:
+    if server is None:
+        return
+    print(f"starting vLLM on the bundled model at {server.base_url} (1-2 minutes on a CPU)...",
+          file=sys.stderr, flush=True)
+    await server.wait_ready()
+    print("vLLM ready: scoring completion and response trees", file=sys.stderr, flush=True)
+
+
 async def _demo(config: SidecarConfig, args: argparse.Namespace, records: Sequence[dict[str, Any]],
-                pipeline: Pipeline) -> int:
+                pipeline: Pipeline, server: LocalVllmServer | None = None) -> int:
+    await _start_scoring(server)
+    return await _replay(config, args, records, pipeline)
+
+
+async def _replay(config: SidecarConfig, args: argparse.Namespace, records: Sequence[dict[str, Any]],
+                  pipeline: Pipeline) -> int:
     stop, ready = asyncio.Event(), asyncio.Event()
     registry = CollectorRegistry()
     loop = asyncio.get_running_loop()

@@ -22,7 +22,7 @@ READY_PREFIX = "BOOTSTRAP "
 
 
 def _serve(num_brokers: int) -> int:
-    from confluent_kafka import Producer  # noqa: PLC0415 - only the helper process loads librdkafka
+    from confluent_kafka import Producer
 
     holder = Producer({"test.mock.num.brokers": num_brokers, "log_level": 3})
     md = holder.list_topics(timeout=10)

@@ -28,7 +28,8 @@ from sidecar.demo.display import metric_summary
 from sidecar.demo.replay import load_sample
 from sidecar.state.hooks import RecordingHooks, TurnContext
 
-FAST = ["--rate", "5000", "--http-port", "0"]
+# Replay mechanics only: the scorers and goal clustering have tests of their own.
+FAST = ["--rate", "5000", "--http-port", "0", "--scoring", "off", "--goals", "off"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -183,7 +184,8 @@ def test_loop_replays_under_new_ids_until_ctrl_c(capsys: pytest.CaptureFixture[s
     base = {r["conversation_id"] for r in load_sample()[:2]}
     second_round = {f"{c}#r1" for c in base}
     pipeline = _interrupt_when(lambda reg, h: base | second_round <= h.ended, hooks)
-    assert _run(["--conversations", "2", "--loop", "--rate", "200", "--http-port", "0"], pipeline) == 0
+    assert _run(["--conversations", "2", "--loop", "--rate", "200", "--http-port", "0", "--scoring", "off",
+                 "--goals", "off"], pipeline) == 0
     assert base | second_round <= hooks.ended
     assert all(c.split("#")[0] in base for c in hooks.ended)
     one_round = sum(len(r["turns"]) + 1 for r in load_sample()[:2])
@@ -278,3 +280,20 @@ def test_ctrl_c_before_ready_stops_without_replaying(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert "replay" not in out
     assert "not ready" not in out
+
+
+def test_scoring_on_without_a_model_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar.demo import models
+
+    monkeypatch.setattr(models, "ARTIFACTS", tmp_path)
+    monkeypatch.setattr(models.scoring_unavailable_reason, "__defaults__", (tmp_path,))
+    assert cli.main(["demo", "--scoring", "on", "--http-port", "0"]) == 2
+    assert "no bundled model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--scoring", "maybe"], ["--goals", "yes"]])
+def test_bad_model_switches_exit_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["demo", *argv])
+    assert info.value.code == 2

@@ -1,0 +1,59 @@
+"""What ``sidecar demo`` scores with: the small completion model bundled with the repository
+(``adapters/artifacts/``, trained by ``adapters``), served by a local vLLM CPU server."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from sidecar.scoring.local_vllm import LocalVllmServer, LocalVllmSpec, vllm_python
+
+# The demo runs from a clone: the trained artifacts sit next to the package, not inside it.
+ARTIFACTS = Path(__file__).resolve().parents[2] / "adapters" / "artifacts"
+ADAPTER_NAME = "completion"
+
+
+def bundled_model(artifacts: Path = ARTIFACTS) -> tuple[Path, Path] | None:
+    """(base model dir, completion adapter dir) when both are present."""
+    base, adapter = artifacts / "base", artifacts / ADAPTER_NAME
+    if (base / "config.json").exists() and (adapter / "adapter_config.json").exists():
+        return base, adapter
+    return None
+
+
+def scoring_unavailable_reason(artifacts: Path = ARTIFACTS) -> str | None:
+    """Why scoring cannot run here, or None when it can."""
+    if bundled_model(artifacts) is None:
+        return f"no bundled model under {artifacts} (train one with `adapters`)"
+    if not vllm_python().exists():
+        return f"no vLLM interpreter at {vllm_python()} (run `bash .ci/setup`)"
+    return None
+
+
+def embeddings_available() -> bool:
+    return importlib.util.find_spec("sentence_transformers") is not None
+
+
+def local_server(log_path: Path, artifacts: Path = ARTIFACTS) -> LocalVllmServer:
+    found = bundled_model(artifacts)
+    if found is None:
+        raise FileNotFoundError(f"no bundled model under {artifacts}")
+    base, adapter = found
+    return LocalVllmServer(LocalVllmSpec(model_dir=base, lora_modules={ADAPTER_NAME: adapter}), log_path)
+
+
+def scoring_overrides(server: LocalVllmServer) -> dict[str, Any]:
+    """Config overrides that point the scorers at the local server and the bundled adapter."""
+    return {
+        "enabled": True,
+        "vllm": {"base_url": server.base_url, "base_model": server.spec.served_name},
+        "tokenizer": {"model_dir": str(server.spec.model_dir)},
+        "default_agent": {"adapter": ADAPTER_NAME},
+    }
+
+
+def clustering_overrides() -> dict[str, Any]:
+    """LLM-free goal clusters (the bundled model is no instruct model), re-run every 30 s."""
+    return {"enabled": True, "mode": "extractive", "k1": 12, "min_conversations": 40,
+            "recluster_interval_seconds": 30}
