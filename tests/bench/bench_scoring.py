@@ -39,7 +39,7 @@ from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander
 from sidecar.transcript.model import Message, ToolCall, count_turns, prefix_through_turn
 from sidecar.transcript.tokenize import SafeTokenizer
 from tests.support.tiny_model import END_TAG, TinyModel
-from tests.support.vllm_server import VllmServer, build_model, running_server
+from tests.support.vllm_server import VllmServer, build_model, max_model_len, running_server
 
 
 def shared_dir() -> Path:
@@ -67,6 +67,11 @@ def load_conversations(n: int, max_turns: int) -> list[list[Message]]:
             if len(out) == n:
                 break
     return out
+
+
+def prompt_budget(server: VllmServer, generated: int) -> int:
+    """Longest prompt that leaves room for ``generated`` tokens within the server's context."""
+    return max_model_len(server.model_dir) - generated - 1
 
 
 def vllm_counters(server: VllmServer) -> dict[str, float]:
@@ -130,7 +135,7 @@ def _trie_size(seqs: Sequence[Sequence[int]]) -> int:
 async def bench_trees(
     server: VllmServer, tok: SafeTokenizer, convs: list[list[Message]], n: int, alpha: float, depth: int
 ) -> dict[str, Any]:
-    builder = PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x")
+    builder = PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=prompt_budget(server, depth))
     stops = sorted(tok.special_ids - {tok.bos_id, tok.token_id("<|pad|>")} - {None})
     client = VllmClient(VllmEndpointConfig(base_url=server.base_url), CollectorRegistry())
     sampler = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
@@ -213,7 +218,7 @@ async def score_all_turns(
     server: VllmServer, tok: SafeTokenizer, convs: list[list[Message]], *, concurrency: int, top_k_only: bool = False
 ) -> dict[str, float]:
     """Completion score after every turn of every conversation (what the stream does)."""
-    builder = PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=1900)
+    builder = PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=prompt_budget(server, 16))
     cfg = VllmEndpointConfig(base_url=server.base_url, max_concurrency=concurrency)
     client = VllmClient(cfg, CollectorRegistry())
     stops = sorted(tok.special_ids - {tok.bos_id, tok.token_id("<|pad|>")} - {None})
