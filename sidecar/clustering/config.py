@@ -70,7 +70,7 @@ class ClusteringConfig(BaseModel):
     )
     llm: ClusteringLLMConfig = Field(default_factory=ClusteringLLMConfig)
     embedding: ClusteringEmbeddingConfig = Field(default_factory=ClusteringEmbeddingConfig)
-    k1: int = Field(30, ge=2, le=500, description="Initial k-means k: an overestimate of the goal count.")
+    k1: int = Field(40, ge=2, le=500, description="Initial k-means k: an overestimate of the goal count.")
     examples_per_group: int = Field(
         10, ge=1, le=100, description="Sampled members / non-members shown per describe or merge prompt."
     )
@@ -90,7 +90,7 @@ class ClusteringConfig(BaseModel):
         le=1,
         description="Extractive mode: merge two clusters iff their centroids' cosine is at least this.",
     )
-    kmeans_n_init: int = Field(4, ge=1, le=100, description="k-means restarts (best inertia kept).")
+    kmeans_n_init: int = Field(10, ge=1, le=100, description="k-means restarts (best inertia kept).")
     seed: int = Field(0, description="Seed of k-means and example sampling (runs are deterministic).")
     reservoir_size: int = Field(5000, ge=10, le=1_000_000, description="Conversation summaries kept for re-clustering.")
     min_conversations: int = Field(50, ge=2, description="No clustering until the reservoir holds at least this many.")
