@@ -6,6 +6,9 @@ safe default and counted; the run completes; nothing is raised.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 from prometheus_client import CollectorRegistry
 
@@ -111,3 +114,23 @@ async def test_live_component_in_llm_mode_survives_the_nonsense(vllm_server: Vll
         await gc.stop()
     assert value(gc.metrics, "llm_calls", "summarize") == 13
     assert value(gc.metrics, "llm_errors", "summarize") == 0
+
+
+def test_clusters_command_in_llm_mode(vllm_server: VllmServer, tmp_path: Path) -> None:
+    from sidecar.cli import main
+    from tests.clustering.test_cli import write_dataset
+
+    data = tmp_path / "convs.jsonl.gz"
+    write_dataset(data)
+    out = tmp_path / "out.json"
+    ctx_file = tmp_path / "context.txt"
+    ctx_file.write_text("You will see a chat between a user and a travel assistant.")
+    rc = main(["clusters", str(data), "--mode", "llm", "--llm-base-url", vllm_server.base_url,
+               "--llm-model", vllm_server.base_model, "--k1", "3", "--limit", "9",
+               "--context-file", str(ctx_file), "--output", str(out)])  # fmt: skip
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "llm" and doc["used"] == 9 and 1 <= doc["k"] <= 3
+    calls = doc["llm_calls"]["calls"]
+    assert calls["summarize"] == 9 and calls["describe"] >= 3 and calls["merge"] >= 1
+    assert "errors" not in doc["llm_calls"] or not any(doc["llm_calls"]["errors"].values())
