@@ -39,7 +39,6 @@ from sidecar.clustering.ids import ClusterIdRegistry
 from sidecar.clustering.llm import ExtractiveGoalLLM, GoalLLM, OpenAIGoalLLM, extractive_summary
 from sidecar.clustering.metrics import ClusteringMetrics
 from sidecar.clustering.reservoir import Reservoir, ReservoirItem
-from sidecar.errors import SidecarError
 from sidecar.lifecycle import Health
 from sidecar.state.hooks import Outcome, TurnContext
 
@@ -257,7 +256,8 @@ class GoalClusterer:
             return None
         try:
             summary = await self._llm.summarize(ctx.messages)
-        except SidecarError:
+        except Exception as exc:  # an unreachable LLM must not cost the label: use the user's words
+            log.info("clustering.summary_fallback", error=type(exc).__name__)
             summary = extractive_summary(ctx.messages, self._cfg.max_summary_chars)
         try:
             vec = await self._batcher.embed_one(summary)

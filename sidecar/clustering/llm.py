@@ -241,6 +241,10 @@ class OpenAIGoalLLM:
                 log.warning("clustering.llm_http_error", kind=kind, status=exc.status_code)
                 cls = RetryableError if exc.status_code >= 500 else PermanentError
                 raise cls(f"clustering LLM answered HTTP {exc.status_code}") from exc
+            except openai.APIError as exc:  # e.g. a body the client itself cannot read
+                self._metrics.llm_errors.labels(kind).inc()
+                log.warning("clustering.llm_bad_response", kind=kind, error=type(exc).__name__)
+                raise PermanentError(f"clustering LLM response unusable: {type(exc).__name__}") from exc
         content = resp.choices[0].message.content if resp.choices else None
         parsed = parse_answer(content, answer)
         if parsed is None:

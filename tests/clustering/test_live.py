@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.embed import Matrix
 from sidecar.clustering.live import OTHER, UNKNOWN, GoalClusterer, metric_label
-from sidecar.clustering.llm import ExtractiveGoalLLM, MergeQuery
+from sidecar.clustering.llm import ExtractiveGoalLLM, MergeQuery, extractive_summary
 from sidecar.errors import RetryableError
 from sidecar.lifecycle import Component, HealthReporter
 from sidecar.state.hooks import ConversationHooks, TurnContext
@@ -300,3 +300,18 @@ async def test_an_embedder_returning_the_wrong_shape_costs_labels_only() -> None
     out = await asyncio.gather(*(gc.goal_label(conv("car", i)) for i in range(5)))
     assert out == [UNKNOWN] * 5
     assert gc.metrics.assignments.labels("error")._value.get() == 5
+
+
+class BrokenSummaryLLM(ExtractiveGoalLLM):
+    async def summarize(self, transcript: Any) -> str:
+        raise RetryableError("llm down")
+
+
+async def test_summary_failure_falls_back_to_the_users_words() -> None:
+    cfg = config()
+    gc = make(cfg, llm=BrokenSummaryLLM(cfg))
+    out = await gc.on_conversation_ended(conv("car", 3))
+    assert out == {"goal_id": None, "goal": UNKNOWN}
+    item = gc._reservoir.get("car-3")
+    assert item is not None
+    assert item.summary == extractive_summary(conv("car", 3).messages, cfg.max_summary_chars)
