@@ -19,6 +19,7 @@ break towards the lowest (i, j)). The CPU-heavy steps (k-means, embedding) go th
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -190,7 +191,9 @@ async def llm_guided_clustering(
         raise ValueError("one vector per summary is required")
 
     # Phase 1: k-means, then one description per cluster.
+    t0 = time.perf_counter()
     assign: IntArray = await offload(kmeans, vectors, k1, seed, kmeans_n_init)
+    t1 = time.perf_counter()
     run = _Run(list(summaries), vectors, assign, llm, np.random.default_rng(seed))
     # Samples are drawn in cluster order before any await, so concurrency cannot change them.
     jobs = [run.describe_args(c) for c in range(run.k)]
@@ -198,6 +201,7 @@ async def llm_guided_clustering(
     run.labels = dict(enumerate(described))
     run.describe_calls = run.k
     run.set_descriptions(await offload(embedder.embed, described))
+    t2 = time.perf_counter()
 
     # Phase 2: merge loop.
     queries = merges = consecutive = 0
@@ -238,6 +242,11 @@ async def llm_guided_clustering(
         "merge_queries": queries,
         "merges": merges,
         "stopped_by": stopped_by,
+        "seconds": {
+            "kmeans": round(t1 - t0, 3),
+            "describe": round(t2 - t1, 3),
+            "merge_loop": round(time.perf_counter() - t2, 3),
+        },
     }
     result = run.finish(stats)
     log.info("clustering.algorithm_done", n=n, k1=run.k, k=result.k, merge_queries=queries, merges=merges)
