@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.lifecycle import Health
 from sidecar.source.config import KafkaConfig
-from sidecar.source.journal import CommitPoint
+from sidecar.source.journal import CommitPoint, Recovery
 from sidecar.source.processor import PartitionProcessor
 from sidecar.source.recovery import JournalReader, load_recovery
 from sidecar.source.writers import KafkaDeadLetterWriter, KafkaResultsWriter, client_kwargs, make_producer
@@ -39,6 +40,8 @@ POLL_TIMEOUT_MS = 200
 # again at the partition's next owner). Kept well below session_timeout_ms so a rebalance
 # completes before the group evicts this member.
 REVOKE_GRACE_SECONDS = 2.0
+RECOVERY_BACKOFF_INITIAL_SECONDS = 0.5
+RECOVERY_BACKOFF_MAX_SECONDS = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +69,25 @@ class _PartitionWorker:
         self.queue.put_nowait(batch)
         return True
 
+    async def _recover(self) -> Recovery:
+        """Load the recovery plan, waiting out transient Kafka errors (capped, jittered backoff)."""
+        src = self._source
+        delay = RECOVERY_BACKOFF_INITIAL_SECONDS
+        while True:
+            try:
+                return await load_recovery(
+                    src.consumer, src.journal_reader, src.cfg, self.tp, await src.results.partition_count()
+                )
+            except KafkaError as exc:
+                src.metrics.recovery_errors.inc()
+                log.warning("recovery.failed", partition=self.tp.partition, error=type(exc).__name__,
+                            retry_in_seconds=round(delay, 2))
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, RECOVERY_BACKOFF_MAX_SECONDS)
+
     async def run(self) -> None:
         src = self._source
-        recovery = await load_recovery(
-            src.consumer, src.journal_reader, src.cfg, self.tp, await src.results.partition_count()
-        )
+        recovery = await self._recover()
         src.metrics.recoveries.inc()
         self.processor = PartitionProcessor(
             partition=self.tp.partition,

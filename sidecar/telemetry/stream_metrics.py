@@ -85,6 +85,11 @@ class StreamMetrics:
             "sidecar_partition_recoveries_total", "Partitions rebuilt from Kafka after assignment.",
             registry=registry,
         )
+        self.recovery_errors = Counter(
+            "sidecar_partition_recovery_errors_total",
+            "Transient Kafka errors while loading a partition's recovery plan (retried).",
+            registry=registry,
+        )
 
 
 class StreamMetricsCache:

@@ -224,3 +224,30 @@ async def test_readyz_and_metrics_over_http(kafka: str, tmp_path: Path, running:
         with pytest.raises(aiohttp.ClientConnectionError):
             async with http.get(f"http://127.0.0.1:{port}/readyz"):
                 pass
+
+
+async def test_transient_errors_during_recovery_are_retried(
+    kafka: str, tmp_path: Path, running: list[Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiokafka.errors import KafkaConnectionError
+
+    import sidecar.source.kafka as source_kafka
+
+    real = source_kafka.load_recovery
+    failures = {"left": 3}
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise KafkaConnectionError("broker went away")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(source_kafka, "load_recovery", flaky)
+    monkeypatch.setattr(source_kafka, "RECOVERY_BACKOFF_INITIAL_SECONDS", 0.05)
+    topic = "src5"
+    await produce_raw(kafka, topic, [msg("r", 0, "user")])
+    r = Running(config(tmp_path, kafka, topic))
+    running.append(r)
+    await r.wait_for("sidecar_hooks_fired_total", 1, kind="user_message")
+    assert r.metric("sidecar_partition_recovery_errors_total") == 3
+    assert r.metric("sidecar_partition_recoveries_total") == 4
