@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     tl.add_argument("--max-context-tokens", type=_positive_int, default=512)
     tl.add_argument("--max-per-dataset", type=_positive_int, default=None)
     tl.add_argument("--max-steps", type=_positive_int, default=None)
+    tl.add_argument("--loss-on", choices=("target", "conversation"), default="target",
+                    help="target: r_n + end tag only (paper); conversation: every token of the tagged text")
+    tl.add_argument("--decision-weight", type=float, default=1.0,
+                    help="loss weight of block-opening tokens and the end tag")
     tl.add_argument("--seed", type=int, default=0)
 
     ex = sub.add_parser("export", help="write an adapter directory vLLM loads with --lora-modules")
@@ -126,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         recipe = LoraRecipe(rank=args.rank, alpha=2 * args.rank, epochs=args.epochs, learning_rate=args.lr,
                             batch_size=args.batch_size, max_context_tokens=args.max_context_tokens,
-                            seed=args.seed)
+                            seed=args.seed, loss_on=args.loss_on, decision_weight=args.decision_weight)
         result = train_lora(args.data, args.datasets, args.base, args.out, recipe,
                             with_end_tag=not args.no_end_tag, max_per_dataset=args.max_per_dataset,
                             max_steps=args.max_steps)

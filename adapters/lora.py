@@ -47,15 +47,36 @@ class LoraRecipe:
     max_context_tokens: int = 512
     seed: int = 0
     target_modules: tuple[str, ...] = TARGET_MODULES
+    loss_on: str = "target"  # "target": r_n + end tag (paper); "conversation": every token
+    decision_weight: float = 1.0  # loss weight of the tokens that open a block or are the end tag
 
 
 def build_sequence(ids: list[int], starts: list[int], target_msg: int, end_id: int | None, *,
-                   max_tokens: int) -> TrainSeq:
-    """Append the end tag, mask everything before r_n, keep the last ``max_tokens`` ids."""
+                   max_tokens: int, loss_on: str = "target", decision_weight: float = 1.0) -> TrainSeq:
+    """Append the end tag, mask everything before r_n, keep the last ``max_tokens`` ids.
+
+    ``loss_on="conversation"`` keeps the loss on every token of the tagged conversation: language
+    modelling of the paper's D' (conversations with the end tag appended). The non-final
+    ``"\n\n"`` positions, followed by the next ``TURN`` header, are then the negatives the
+    target-only loss never shows.
+
+    ``decision_weight`` multiplies the loss of the *decision tokens*: the first token of every
+    block after the first (what follows a finished message: the next ``TURN`` header or another
+    step) and the end tag. Those are the only positions where "is the conversation over?" is
+    decided; in a 256-token window they are ~10 of 256 labels, too faint a signal otherwise.
+    Label-free: the weights come from the text's own structure.
+    """
+    if loss_on not in {"target", "conversation"}:
+        raise ValueError(f"loss_on must be 'target' or 'conversation', not {loss_on!r}")
     seq = list(ids) + ([end_id] if end_id is not None else [])
-    cut = starts[target_msg]
+    cut = starts[target_msg] if loss_on == "target" else 0
     labels = [IGNORE] * cut + seq[cut:]
-    return TrainSeq(seq[-max_tokens:], labels[-max_tokens:])
+    if decision_weight == 1.0:
+        return TrainSeq(seq[-max_tokens:], labels[-max_tokens:])
+    weights = [1.0] * len(seq)
+    for pos in [*starts[1:], *([len(ids)] if end_id is not None else [])]:
+        weights[pos] = decision_weight
+    return TrainSeq(seq[-max_tokens:], labels[-max_tokens:], weights[-max_tokens:])
 
 
 def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe: LoraRecipe, *,
@@ -72,7 +93,8 @@ def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe:
                 rec = json.loads(line)
                 ids, starts = encode_messages_with_offsets(tok, messages_from_json(rec["messages"]))
                 seqs.append(build_sequence(ids, starts, int(rec["target_start"]), end_id,
-                                           max_tokens=recipe.max_context_tokens))
+                                           max_tokens=recipe.max_context_tokens, loss_on=recipe.loss_on,
+                                           decision_weight=recipe.decision_weight))
                 counts[name] = counts.get(name, 0) + 1
     return seqs, counts
 
@@ -135,7 +157,8 @@ def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Pa
                          "learning_rate": recipe.learning_rate, "weight_decay": recipe.weight_decay,
                          "batch_size": recipe.batch_size, "max_context_tokens": recipe.max_context_tokens,
                          "optimizer": opt_name, "seed": recipe.seed, "device": device,
-                         "loss": "target only (r_n + end tag)" if with_end_tag else "target only (r_n)"},
+                         "loss_on": recipe.loss_on, "decision_weight": recipe.decision_weight,
+                         "end_tag": with_end_tag},
         metrics={"steps": result["steps"], "train_seconds": result["train_seconds"],
                  "loss_first_10": first, "loss_last_10": last},
     )

@@ -25,6 +25,7 @@ class TrainSeq:
 
     input_ids: list[int]
     labels: list[int]
+    weights: list[float] | None = None  # per-label loss weights; None = plain mean
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +52,29 @@ def collate(batch: Sequence[TrainSeq], pad_id: int) -> dict[str, torch.Tensor]:
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
+    weights = torch.zeros((len(batch), width), dtype=torch.float32)
     for i, s in enumerate(batch):
         n = len(s.input_ids)
         ids[i, :n] = torch.tensor(s.input_ids)
         labels[i, :n] = torch.tensor(s.labels)
         mask[i, :n] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        weights[i, :n] = torch.tensor(s.weights) if s.weights is not None else 1.0
+    out = {"input_ids": ids, "labels": labels, "attention_mask": mask}
+    if any(s.weights is not None for s in batch):
+        out["weights"] = weights
+    return out
+
+
+def weighted_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Next-token cross-entropy, each label weighted; IGNORE labels count for nothing."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"][:, 1:]
+    weights = batch["weights"][:, 1:] * (labels != IGNORE)
+    ce = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+        ignore_index=IGNORE, reduction="none",
+    )
+    return (ce * weights.reshape(-1)).sum() / weights.sum().clamp_min(1e-6)
 
 
 def _batches(data: Sequence[TrainSeq], batch_size: int, epoch: int, seed: int) -> list[list[TrainSeq]]:
@@ -120,7 +138,7 @@ def train_loop(
             inputs = {k: v.to(device) for k, v in collate(batch, pad_id).items()}
             with torch.autocast(device_type=device.split(":", maxsplit=1)[0], dtype=autocast_dtype,
                                 enabled=autocast_dtype is not None):
-                loss = model(**inputs).loss
+                loss = weighted_lm_loss(model, inputs) if "weights" in inputs else model(**inputs).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()

@@ -17,7 +17,7 @@ from adapters.export import ExportError, export_adapter
 from adapters.lora import LoraRecipe, build_sequence, train_lora
 from adapters.metrics import binary_metrics, roc_auc
 from adapters.tokenizer import BOS, END_TAG, EOS, PAD, encode_messages_with_offsets, save_tokenizer, special_id
-from adapters.training import IGNORE, LoopConfig, TrainSeq, collate, train_loop
+from adapters.training import IGNORE, LoopConfig, TrainSeq, collate, train_loop, weighted_lm_loss
 from tests.adapters.conftest import to_messages
 
 TINY = BaseModelSpec(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
@@ -41,6 +41,27 @@ def test_build_sequence_labels_only_the_target() -> None:
     assert short.input_ids == [*ids[-5:], 3]
     assert short.labels == [*ids[-5:], 3]
     assert build_sequence(ids, starts, 2, end_id=None, max_tokens=100).input_ids == ids
+    whole = build_sequence(ids, starts, 2, end_id=3, max_tokens=100, loss_on="conversation")
+    assert whole.labels == whole.input_ids == [*ids, 3]
+    with pytest.raises(ValueError, match="loss_on"):
+        build_sequence(ids, starts, 2, end_id=3, max_tokens=100, loss_on="all")
+    weighted = build_sequence(ids, starts, 2, end_id=3, max_tokens=100, loss_on="conversation", decision_weight=5)
+    assert weighted.weights is not None
+    assert [i for i, w in enumerate(weighted.weights) if w == 5] == [5, 12, 20]  # block starts + end tag
+
+
+@torch.no_grad()
+def test_weighted_loss_equals_the_plain_loss_with_unit_weights() -> None:
+    torch.manual_seed(0)
+    model = build_model(TINY, {BOS: 0, EOS: 1, PAD: 2, END_TAG: 3})
+    seqs = [TrainSeq([5, 6, 7, 8], [IGNORE, 6, 7, 8], [1.0] * 4), TrainSeq([9, 10], [9, 10], [1.0] * 2)]
+    batch = collate(seqs, pad_id=2)
+    plain = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+    assert float(weighted_lm_loss(model, batch)) == pytest.approx(float(plain), rel=1e-5)
+    heavy = collate([TrainSeq([5, 6, 7, 8], [IGNORE, 6, 7, 8], [1.0, 1.0, 1.0, 1e6])], pad_id=2)
+    ce_last = torch.nn.functional.cross_entropy(
+        model(input_ids=heavy["input_ids"]).logits[0, 2:3], torch.tensor([8]))
+    assert float(weighted_lm_loss(model, heavy)) == pytest.approx(float(ce_last), rel=1e-3)
 
 
 def test_collate_pads_without_loss() -> None:
