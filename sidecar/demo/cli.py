@@ -163,19 +163,6 @@ def _metrics_url(config: SidecarConfig) -> str:
     return f"http://{shown}:{config.http.port}/metrics"
 
 
-class _CurrentStderr:
-    """Writes to whatever ``sys.stderr`` is now, so log lines pass through the live display."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-    def isatty(self) -> bool:
-        return sys.stderr.isatty()
-
-
 def _default_pipeline() -> Pipeline:
     # Resolved at call time: `sidecar --help` and argument errors need not load the whole pipeline.
     run_app: Pipeline = importlib.import_module("sidecar.app").run_app
@@ -204,7 +191,7 @@ def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> i
         # The mock cluster speaks plaintext only: a production file's TLS/SASL settings cannot apply.
         overrides["kafka"] = {"bootstrap_servers": bootstrap, "security_protocol": "PLAINTEXT"}
         config = load_config(args.config, overrides=overrides)
-        configure_logging(config.logging, _CurrentStderr())  # type: ignore[arg-type]
+        configure_logging(config.logging)
         if server is None and args.scoring == "auto":
             print(f"sidecar demo: scoring off: {reason}", file=sys.stderr)
         return asyncio.run(_demo(config, args, records, pipeline or _default_pipeline(), server))

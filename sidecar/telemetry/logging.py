@@ -105,6 +105,23 @@ def _shared_processors() -> list[Processor]:
     ]
 
 
+class CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at write time.
+
+    Binding the stream object at configuration time breaks when something swaps ``sys.stderr``
+    afterwards (a live progress display, a test runner's capture that is later closed).
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 class _SidecarHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Marks the handler this module installed, so reconfiguring replaces it instead of adding one."""
 
@@ -115,7 +132,7 @@ def configure_logging(config: LoggingConfig, stream: TextIO | None = None) -> No
     Safe to call again (tests, the CLI after loading config): the previous configuration is
     replaced, and loggers obtained earlier with ``structlog.get_logger()`` follow the new one.
     """
-    out = sys.stderr if stream is None else stream
+    out: TextIO = CurrentStderr() if stream is None else stream  # type: ignore[assignment]
     as_json = _wants_json(config, out)
     renderer: Processor
     if as_json:

@@ -240,7 +240,8 @@ def test_slow_to_ready_pipeline_still_gets_the_events(
 def test_real_process_stops_cleanly_on_signal(sig: signal.Signals) -> None:
     """`python -m sidecar demo` as a user runs it: the signal comes from outside, exit is clean."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "demo", "--conversations", "3", "--rate", "2000", "--http-port", "0"],
+        [sys.executable, "-m", "sidecar", "demo", "--conversations", "3", "--rate", "2000", "--http-port", "0",
+         "--scoring", "off", "--goals", "off"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "SIDECAR_LOGGING__FORMAT": "json"},
     )
