@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -75,6 +75,20 @@ def _sample(rng: np.random.Generator, idx: npt.NDArray[np.int64], m: int) -> lis
     if len(idx) <= m:
         return [int(i) for i in idx]
     return [int(i) for i in rng.choice(idx, size=m, replace=False)]
+
+
+async def gather_or_cancel(coros: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Like ``gather``, but the first failure cancels the others, waits for them, and is raised.
+
+    Nothing is left running behind a failed batch (no request still in flight when its client
+    is closed).
+    """
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(c) for c in coros]
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None
+    return [t.result() for t in tasks]
 
 
 async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -197,7 +211,7 @@ async def llm_guided_clustering(
     run = _Run(list(summaries), vectors, assign, llm, np.random.default_rng(seed))
     # Samples are drawn in cluster order before any await, so concurrency cannot change them.
     jobs = [run.describe_args(c) for c in range(run.k)]
-    described = await asyncio.gather(*(llm.describe(pos, neg) for pos, neg in jobs))
+    described = await gather_or_cancel(llm.describe(pos, neg) for pos, neg in jobs)
     run.labels = dict(enumerate(described))
     run.describe_calls = run.k
     run.set_descriptions(await offload(embedder.embed, described))

@@ -18,7 +18,7 @@ from typing import IO, Any, cast
 
 import numpy as np
 
-from sidecar.clustering.algorithm import ClusteringResult, llm_guided_clustering
+from sidecar.clustering.algorithm import ClusteringResult, gather_or_cancel, llm_guided_clustering
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.embed import Embedder, Matrix
 from sidecar.clustering.llm import GoalLLM
@@ -158,7 +158,7 @@ async def summarize_all(convs: Sequence[Conversation], llm: GoalLLM, concurrency
         async with sem:
             return await llm.summarize(c.messages)
 
-    return list(await asyncio.gather(*(one(c) for c in convs)))
+    return await gather_or_cancel(one(c) for c in convs)
 
 
 async def cluster_conversations(

@@ -168,3 +168,29 @@ def test_assign_nearest_and_centroids() -> None:
     idx, dist = assign_nearest(normalize_rows(np.array([[1, 0.05], [0.1, 1]])), cents)
     assert idx.tolist() == [0, 1]
     assert (dist >= 0).all() and (dist < 0.2).all()
+
+
+async def test_gather_or_cancel_raises_the_first_failure_and_leaves_nothing_running() -> None:
+    import asyncio
+
+    from sidecar.clustering.algorithm import gather_or_cancel
+    from sidecar.errors import RetryableError
+
+    cancelled: list[int] = []
+
+    async def slow(i: int) -> int:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+        return i
+
+    async def fail() -> int:
+        await asyncio.sleep(0)
+        raise RetryableError("down")
+
+    with pytest.raises(RetryableError):
+        await gather_or_cancel([slow(1), fail(), slow(2)])
+    assert sorted(cancelled) == [1, 2]
+    assert await gather_or_cancel(asyncio.sleep(0, result=i) for i in range(3)) == [0, 1, 2]
