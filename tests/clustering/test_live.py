@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -101,6 +102,8 @@ async def test_before_any_clustering_labels_are_unknown_then_first_run_starts_by
         out = await gc.on_conversation_ended(conv("car", 99))
         assert out["goal_id"] in {c["id"] for c in snap["clusters"]}
         assert "car" in out["goal"]
+        assert json.loads(json.dumps(snap)) == snap  # what GET /clusters serves
+        assert gc.health().ready and "3 clusters" in gc.health().detail
     finally:
         await gc.stop()
     await gc.stop()  # idempotent
