@@ -3,7 +3,9 @@
 New clusters are matched to the previous ones by centroid cosine similarity with the Hungarian
 algorithm (maximum total similarity, one-to-one). A new cluster inherits the old id it is matched
 to if their similarity is at least ``min_similarity``; otherwise it gets a fresh id. Ids are
-``g<number>`` from a counter that only grows, so a retired id is never given to another cluster.
+``<prefix><number>`` from a counter that only grows, so a retired id is never given to another
+cluster. The live component uses a random per-process prefix, so ids stay unique across restarts
+and replicas too (the counter is not persisted).
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from sidecar.clustering.embed import Matrix
 class ClusterIdRegistry:
     """Hands out ids; remembers the highest ever issued (persist ``next_number`` to survive restarts)."""
 
-    def __init__(self, next_number: int = 1) -> None:
+    def __init__(self, next_number: int = 1, prefix: str = "g") -> None:
         if next_number < 1:
             raise ValueError("next_number must be >= 1")
         self.next_number = next_number
+        self.prefix = prefix
 
     def fresh(self) -> str:
-        cid = f"g{self.next_number}"
+        cid = f"{self.prefix}{self.next_number}"
         self.next_number += 1
         return cid
 

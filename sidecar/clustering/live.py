@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable
@@ -111,7 +112,9 @@ class GoalClusterer:
         self._embedder = embedder if embedder is not None else build_embedder(config.embedding)
         self._batcher = EmbedBatcher(self._embedder, max_batch=config.embedding.batch_size)
         self._reservoir = Reservoir(config.reservoir_size, seed=config.seed)
-        self._ids = ClusterIdRegistry()
+        # A random per-process prefix: ids recorded in the results topic before a restart (or by
+        # another replica) can never be mistaken for a different cluster of this process.
+        self._ids = ClusterIdRegistry(prefix=f"{secrets.token_hex(3)}-g")
         self._clusters: dict[str, ClusterInfo] = {}
         self._order: list[str] = []
         self._centroids: Matrix = np.zeros((0, 0), dtype=np.float32)

@@ -170,7 +170,12 @@ async def test_ids_are_stable_across_reclusterings_and_never_reused() -> None:
     ids = [c["id"] for c in third]
     assert len(ids) == 4 and set(first.values()) < set(ids)
     new = (set(ids) - set(first.values())).pop()
-    assert new not in first.values() and new == "g4"
+    prefix = next(iter(first.values())).rsplit("g", 1)[0]
+    assert new not in first.values() and new == f"{prefix}g4"
+    other = make()
+    await feed(other, ["flight", "restaurant", "car"], 10)
+    await other.recluster()
+    assert not {c["id"] for c in other.snapshot()["clusters"]} & set(ids)  # another process, other ids
 
 
 async def test_drift_triggers_an_early_reclustering() -> None:
