@@ -56,10 +56,22 @@ class VllmServer:
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         logf = self._log_path.open("wb")
         self._proc = subprocess.Popen(self._args, stdout=logf, stderr=subprocess.STDOUT, env=env)  # noqa: S603
+        logf.close()  # the child holds its own descriptor
+        try:
+            self._wait_ready()
+        except BaseException:
+            # Interrupted or failed while starting: never leave a server behind.
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError("server not started")
         deadline = time.monotonic() + self._timeout
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self._proc.returncode}; see {self._log_path.name}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}; see {self._log_path.name}")
             try:
                 if httpx.get(f"{self.base_url}/v1/models", timeout=2.0).status_code == 200:
                     log.info("adapters.vllm.ready", port=self.port)
@@ -67,7 +79,6 @@ class VllmServer:
             except httpx.HTTPError:
                 pass
             time.sleep(2.0)
-        self.stop()
         raise TimeoutError("vLLM did not become ready in time")
 
     def stop(self) -> None:
