@@ -41,7 +41,7 @@ from sidecar.clustering.llm import ExtractiveGoalLLM, GoalLLM, OpenAIGoalLLM, ex
 from sidecar.clustering.metrics import ClusteringMetrics
 from sidecar.clustering.reservoir import Reservoir, ReservoirItem
 from sidecar.lifecycle import Health
-from sidecar.state.hooks import Outcome, TurnContext
+from sidecar.state.hooks import HookResult, Outcome, TurnContext
 
 log = structlog.get_logger()
 
@@ -85,10 +85,6 @@ class _Conv:
     cluster_id: str | None = None
     complete: bool | None = None
     counted: bool = False
-
-
-async def _noop() -> Outcome:
-    return {}
 
 
 async def _const(value: str) -> str:
@@ -165,17 +161,18 @@ class GoalClusterer:
 
     # ---------------------------------------------------------------- hooks
 
-    def on_user_message(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    # Per-message hooks have nothing to do: an outcome returned synchronously costs no task.
+    def on_user_message(self, ctx: TurnContext) -> HookResult:
         del ctx
-        return _noop()
+        return {}
 
-    def on_turn_closed(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    def on_turn_closed(self, ctx: TurnContext) -> HookResult:
         del ctx
-        return _noop()
+        return {}
 
-    def on_conversation_ended(self, ctx: TurnContext) -> Awaitable[Outcome]:
+    def on_conversation_ended(self, ctx: TurnContext) -> HookResult:
         if not self._cfg.enabled:
-            return _noop()
+            return {}
         fut = self._assignment(ctx)
 
         async def outcome() -> Outcome:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ from sidecar.clustering.live import OTHER, UNKNOWN, GoalClusterer, metric_label
 from sidecar.clustering.llm import ExtractiveGoalLLM, MergeQuery, extractive_summary
 from sidecar.errors import RetryableError
 from sidecar.lifecycle import Component, HealthReporter
-from sidecar.state.hooks import ConversationHooks, TurnContext
+from sidecar.state.hooks import ConversationHooks, Outcome, TurnContext
 from sidecar.transcript.model import Message
 from tests.clustering.fakes import HashEmbedder
 
@@ -42,6 +42,11 @@ def conv(goal: str, i: int) -> TurnContext:
     words = GOALS[goal].split()
     rot = words[i % len(words) :] + words[: i % len(words)]
     return ctx(f"{goal}-{i}", " ".join(rot[:4]), f"also {rot[-1]} please")
+
+
+async def ended(gc: GoalClusterer, c: TurnContext) -> Outcome:
+    result = gc.on_conversation_ended(c)
+    return result if isinstance(result, Mapping) else await result
 
 
 def config(**kw: Any) -> ClusteringConfig:
@@ -89,7 +94,7 @@ async def test_before_any_clustering_labels_are_unknown_then_first_run_starts_by
     gc = make()
     await gc.start()
     try:
-        out = await gc.on_conversation_ended(conv("flight", 0))
+        out = await ended(gc, conv("flight", 0))
         assert out == {"goal_id": None, "goal": UNKNOWN}
         await feed(gc, ["flight", "restaurant", "car"], 8, start=1)
         for _ in range(200):
@@ -99,7 +104,7 @@ async def test_before_any_clustering_labels_are_unknown_then_first_run_starts_by
         snap = gc.snapshot()
         assert snap["runs"] == 1 and snap["last_run"]["trigger"] == "initial"
         assert {c["size"] for c in snap["clusters"]} and len(snap["clusters"]) == 3
-        out = await gc.on_conversation_ended(conv("car", 99))
+        out = await ended(gc, conv("car", 99))
         assert out["goal_id"] in {c["id"] for c in snap["clusters"]}
         assert "car" in out["goal"]
         assert json.loads(json.dumps(snap)) == snap  # what GET /clusters serves
@@ -220,7 +225,7 @@ class FailingEmbedder:
 
 async def test_embedding_failure_costs_a_label_not_the_hook() -> None:
     gc = make(embedder=FailingEmbedder())
-    assert await gc.on_conversation_ended(conv("car", 1)) == {"goal_id": None, "goal": UNKNOWN}
+    assert await ended(gc, conv("car", 1)) == {"goal_id": None, "goal": UNKNOWN}
     assert gc.metrics.assignments.labels("error")._value.get() == 1
 
 
@@ -246,10 +251,10 @@ async def test_replayed_end_hook_and_hostile_input_stay_bounded() -> None:
     gc = make(config(reservoir_size=30, min_conversations=10))
     for _ in range(3):
         gc._pending.clear()  # as after a restart: the hook fires again for the same conversation
-        await gc.on_conversation_ended(conv("car", 1))
+        await ended(gc, conv("car", 1))
     assert gc.snapshot()["reservoir_conversations"] == 1
     huge = ctx("huge", "x" * 1_000_000 + " \x00\u202e car rental")
-    await gc.on_conversation_ended(huge)
+    await ended(gc, huge)
     item = gc._reservoir.get("huge")
     assert item is not None and len(item.summary) <= gc._cfg.max_summary_chars
     await feed(gc, list(GOALS), 20)
@@ -264,7 +269,8 @@ async def test_not_enough_data_skips_and_disabled_does_nothing() -> None:
     await off.start()
     assert off._task is None and off.health().detail == "disabled"
     assert await off.goal_label(conv("car", 1)) == UNKNOWN
-    assert await off.on_conversation_ended(conv("car", 1)) == {}
+    assert off.on_conversation_ended(conv("car", 1)) == {}
+    assert off.on_user_message(conv("car", 1)) == {} and off.on_turn_closed(conv("car", 1)) == {}
     assert len(off._reservoir) == 0
     await off.stop()
 
@@ -284,7 +290,7 @@ async def test_goal_label_and_end_hook_share_one_summary(n: int) -> None:
     gc = make(embedder=emb)
     c = conv("bank", 7)
     for _ in range(n):
-        await asyncio.gather(gc.goal_label(c), gc.on_conversation_ended(c))
+        await asyncio.gather(gc.goal_label(c), ended(gc, c))
     assert emb.calls == 1
     assert np.isfinite(gc._reservoir.get("bank-7").vector).all()  # type: ignore[union-attr]
 
@@ -318,7 +324,7 @@ class BrokenSummaryLLM(ExtractiveGoalLLM):
 async def test_summary_failure_falls_back_to_the_users_words() -> None:
     cfg = config()
     gc = make(cfg, llm=BrokenSummaryLLM(cfg))
-    out = await gc.on_conversation_ended(conv("car", 3))
+    out = await ended(gc, conv("car", 3))
     assert out == {"goal_id": None, "goal": UNKNOWN}
     item = gc._reservoir.get("car-3")
     assert item is not None
