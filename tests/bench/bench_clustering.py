@@ -366,8 +366,8 @@ def markdown(doc: dict[str, Any]) -> str:
             "| embedding at ingestion (all conversations, one batch, CPU; measured when the cache was "
             f"filled) | {b['embedding_seconds_at_ingestion']} s |",
             "",
-            "Timings come from a 2-core machine shared with other jobs (load average 6-12 during the run):",
-            "identical k-means calls took from 10 s to 112 s across runs, hence interleaved repeats and",
+            "Timings come from a 2-core machine shared with other jobs (load averages 3-12 across the runs",
+            "of this script): identical k-means calls took from 4 s to 112 s, hence interleaved repeats and",
             "minima. k-means runs in a worker thread in the sidecar; the merge loop and descriptions are",
             "about 1 s of event-loop work in this mode. In `llm` mode the wall time is dominated by the",
             "chat requests (describe + merge decisions above, 4 concurrent by default).",
