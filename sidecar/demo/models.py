@@ -12,6 +12,7 @@ from sidecar.scoring.local_vllm import LocalVllmServer, LocalVllmSpec, vllm_pyth
 # The demo runs from a clone: the trained artifacts sit next to the package, not inside it.
 ARTIFACTS = Path(__file__).resolve().parents[2] / "adapters" / "artifacts"
 ADAPTER_NAME = "completion"
+TRAINED_CONTEXT_TOKENS = 256
 
 
 def bundled_model(artifacts: Path = ARTIFACTS) -> tuple[Path, Path] | None:
@@ -50,6 +51,10 @@ def scoring_overrides(server: LocalVllmServer) -> dict[str, Any]:
         "vllm": {"base_url": server.base_url, "base_model": server.spec.served_name},
         "tokenizer": {"model_dir": str(server.spec.model_dir)},
         "default_agent": {"adapter": ADAPTER_NAME},
+        # The bundled adapter is trained on the last 256 token ids of a conversation.
+        "max_prompt_tokens": TRAINED_CONTEXT_TOKENS,
+        "prompt_truncation": "tail",
+        "tree": {"max_depth_tokens": 24, "max_requests": 16},
     }
 
 

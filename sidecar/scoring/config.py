@@ -225,6 +225,12 @@ class ScoringConfig(BaseModel):
     max_logprobs: int = Field(
         20, ge=1, le=1000, description="The server's --max-logprobs (asking for more is a 400 from vLLM)."
     )
+    prompt_truncation: Literal["turns", "tail"] = Field(
+        "turns",
+        description="Over max_prompt_tokens: drop whole turns from the front (keeping the preamble); with "
+        "'tail', a prompt that still does not fit keeps its last max_prompt_tokens ids, as the bundled "
+        "adapters are trained.",
+    )
     max_prompt_tokens: int = Field(
         1900, ge=16, description="Longer prompts keep their head (system) and tail (recent turns)."
     )

@@ -85,6 +85,7 @@ class ScoringHooks:
             instruct_prompt=cc.instruct_prompt,
             use_chat_template=cc.instruct_use_chat_template,
             max_prompt_tokens=config.max_prompt_tokens,
+            tail_truncation=config.prompt_truncation == "tail",
             paper_bos=config.tokenizer.paper_format_bos,
             tree_use_chat_template=config.tree.use_chat_template,
         )

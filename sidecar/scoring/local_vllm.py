@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -49,7 +50,7 @@ class LocalVllmSpec:
     served_name: str = "base"
     lora_modules: Mapping[str, Path] = field(default_factory=dict)
     max_lora_rank: int = 8
-    max_model_len: int = 2048
+    max_model_len: int | None = None  # default: the model's max_position_embeddings, at most 2048
     max_logprobs: int = 20
     prefix_caching: bool = True
     dtype: str = "float32"
@@ -57,6 +58,15 @@ class LocalVllmSpec:
     block_size: int = 32  # the CPU attention backend needs a multiple of 32
     host: str = "127.0.0.1"
     port: int = 0
+
+    def context_length(self) -> int:
+        if self.max_model_len is not None:
+            return self.max_model_len
+        try:
+            cfg = json.loads((self.model_dir / "config.json").read_text())
+            return min(int(cfg.get("max_position_embeddings", 2048)), 2048)
+        except (OSError, ValueError, TypeError):
+            return 2048
 
     def argv(self, python: Path, port: int) -> list[str]:
         args = [
@@ -68,7 +78,7 @@ class LocalVllmSpec:
             "--served-model-name",
             self.served_name,
             "--max-model-len",
-            str(self.max_model_len),
+            str(self.context_length()),
             "--max-logprobs",
             str(self.max_logprobs),
             "--dtype",

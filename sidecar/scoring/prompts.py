@@ -38,8 +38,14 @@ def fit(
     messages: Sequence[Message],
     build: Callable[[Sequence[Message]], list[int]],
     max_tokens: int,
+    *,
+    tail: bool = False,
 ) -> tuple[list[int], int]:
-    """Encode with ``build``, dropping the oldest turns until it fits; returns (ids, turns dropped)."""
+    """Encode with ``build``, dropping the oldest turns until it fits; returns (ids, turns dropped).
+
+    With ``tail``, a prompt that still does not fit keeps its last ``max_tokens`` ids instead of
+    failing: the window the project's adapters are trained on (left-truncated token ids).
+    """
     ids = build(messages)
     if len(ids) <= max_tokens:
         return ids, 0
@@ -49,6 +55,8 @@ def fit(
         ids = build(head + list(messages[start:]))
         if len(ids) <= max_tokens:
             return ids, dropped
+    if tail:
+        return ids[-max_tokens:], len(starts) - 1 if starts else 0
     raise PromptTooLong(f"prompt of {len(ids)} tokens exceeds {max_tokens} even with one turn")
 
 
@@ -65,6 +73,7 @@ class PromptBuilder:
         max_prompt_tokens: int = 1900,
         paper_bos: bool = False,
         tree_use_chat_template: bool = True,
+        tail_truncation: bool = False,
     ) -> None:
         self.tok = tokenizer
         self.end_tag = end_tag
@@ -73,6 +82,7 @@ class PromptBuilder:
         self.tree_chat = tree_use_chat_template and tokenizer.chat_template is not None
         self.max_prompt_tokens = max_prompt_tokens
         self.paper_bos = paper_bos
+        self.tail = tail_truncation
         self.forbidden = (*tokenizer.special_strings, end_tag)
 
     def _paper(self, messages: Sequence[Message], tail: Sequence[Segment] = ()) -> list[int]:
@@ -85,7 +95,7 @@ class PromptBuilder:
 
     def completion_adapter(self, messages: Sequence[Message]) -> tuple[list[int], int]:
         """``render(c_k)``: the adapter's training input format."""
-        return fit(messages, self._paper, self.max_prompt_tokens)
+        return fit(messages, self._paper, self.max_prompt_tokens, tail=self.tail)
 
     def completion_instruct(self, messages: Sequence[Message]) -> tuple[list[int], int]:
         """Appendix B.2: transcript + instruction as a user message; the assistant answers."""
@@ -119,7 +129,7 @@ class PromptBuilder:
                 tail.append(Segment(assistant_prefix, trusted=False))
             return self._paper(msgs, tail)
 
-        return fit(messages, build, self.max_prompt_tokens)
+        return fit(messages, build, self.max_prompt_tokens, tail=self.tail and not self.tree_chat)
 
 
 def _chat_content(m: Message) -> str:
