@@ -96,7 +96,7 @@ def quantile_from_histogram(registry: CollectorRegistry, name: str, q: float) ->
 
 
 async def sidecar_run(bs: str, topic: str, n: int, tmp: Path, rate: float | None = None,
-                      events: list[tuple[bytes, bytes]] | None = None) -> tuple[float, float, float]:
+                      events: list[dict[str, Any]] | None = None) -> tuple[float, float, float]:
     """Throughput (when the topic is pre-filled) or, with ``rate``, latency while producing live."""
     cfg_path = tmp / "bench.yaml"
     cfg_path.write_text(json.dumps({
@@ -138,15 +138,15 @@ def memory_per_conversation(n_convs: int) -> tuple[float, float]:
     raws = []
     for i in range(n_convs):
         rec = records[i % len(records)]
-        evs = conversation_events(rec, conversation_id=f"open-{i:06d}", end=False)[:4]
-        raws.append([encode(e) for e in evs])
+        opened = conversation_events(rec, conversation_id=f"open-{i:06d}", end=False)[:4]
+        raws.append([encode(e) for e in opened])
     state = PartitionState(StateConfig(max_conversations_per_partition=10 * n_convs))
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     offset = 0
-    for evs in raws:
-        for key, value in evs:
+    for pairs in raws:
+        for key, value in pairs:
             state.apply(decode_event(value, key, max_bytes=1 << 20), offset, 0.0, 0)
             offset += 1
     gc.collect()

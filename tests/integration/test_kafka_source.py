@@ -232,8 +232,7 @@ async def test_transient_errors_during_recovery_are_retried(
     from aiokafka.errors import KafkaConnectionError
 
     import sidecar.source.kafka as source_kafka
-
-    real = source_kafka.load_recovery
+    from sidecar.source.recovery import load_recovery as real
     failures = {"left": 3}
 
     async def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -242,7 +241,7 @@ async def test_transient_errors_during_recovery_are_retried(
             raise KafkaConnectionError("broker went away")
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr(source_kafka, "load_recovery", flaky)
+    monkeypatch.setattr("sidecar.source.kafka.load_recovery", flaky)
     monkeypatch.setattr(source_kafka, "RECOVERY_BACKOFF_INITIAL_SECONDS", 0.05)
     topic = "src5"
     await produce_raw(kafka, topic, [msg("r", 0, "user")])

@@ -18,7 +18,7 @@ CFG = StateConfig(turn_debounce_seconds=5, idle_ttl_seconds=50, max_conversation
                   max_text_bytes_per_partition=2000, max_messages_per_conversation=12)
 
 
-def mk(cid: str, seq: int, role: str = "user", content: str = "hello", eid: str | None = None,
+def mk(cid: str, seq: int, role: str | None = "user", content: str = "hello", eid: str | None = None,
        end: bool = False) -> Event:
     msg = None if end else Message(role=role, content=content)  # type: ignore[arg-type]
     return Event(cid, eid or f"{cid}/{seq}", seq, "conversation_end" if end else "message", msg, "a", None,
