@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import socket
-import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,81 +12,44 @@ from typing import Any
 import httpx
 import structlog
 
+from sidecar.scoring.local_vllm import LocalVllmServer, LocalVllmSpec, free_port
+
 log = structlog.get_logger()
 
 
-def vllm_python() -> Path:
-    """The interpreter of the vLLM venv: ``SIDECAR_VLLM_PYTHON`` or the default install."""
-    env = os.environ.get("SIDECAR_VLLM_PYTHON")
-    return Path(env) if env else Path.home() / ".cache/sidecar/venv-vllm-0.32.0/bin/python"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class VllmServer:
-    """A vLLM api_server child process serving ``model_dir`` as ``base`` plus LoRA modules."""
+    """A vLLM api_server child process serving ``model_dir`` as ``base`` plus LoRA modules.
+
+    A synchronous wrapper (``with VllmServer(...) as server:``) around the sidecar's
+    :class:`~sidecar.scoring.local_vllm.LocalVllmServer`, so training and serving start vLLM the
+    same way.
+    """
 
     def __init__(self, model_dir: Path, lora_modules: Mapping[str, Path], log_path: Path, *,
                  port: int = 0, max_model_len: int = 1024, max_lora_rank: int = 8, max_logprobs: int = 20,
                  startup_timeout_seconds: float = 900.0) -> None:
-        self.port = port or free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self._log_path = log_path
+        spec = LocalVllmSpec(
+            model_dir=model_dir, lora_modules=dict(lora_modules), max_model_len=max_model_len,
+            max_lora_rank=max_lora_rank, max_logprobs=max_logprobs, port=port or free_port(),
+            max_loras=len(lora_modules) or None,
+        )
+        self._server = LocalVllmServer(spec, log_path)
         self._timeout = startup_timeout_seconds
-        self._proc: subprocess.Popen[bytes] | None = None
-        args = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(model_dir), "--served-model-name", "base",
-                "--max-model-len", str(max_model_len), "--max-logprobs", str(max_logprobs), "--enable-prefix-caching",
-                "--dtype", "float32", "--host", "127.0.0.1", "--port", str(self.port)]
-        if lora_modules:
-            args += ["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(len(lora_modules)),
-                     "--lora-modules", *[f"{k}={v}" for k, v in lora_modules.items()]]
-        self._args = args
+        self.port = spec.port
+        self.base_url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        logf = self._log_path.open("wb")
-        self._proc = subprocess.Popen(self._args, stdout=logf, stderr=subprocess.STDOUT, env=env)  # noqa: S603
-        logf.close()  # the child holds its own descriptor
+        self._server.start()
         try:
-            self._wait_ready()
+            self._server.wait_ready_blocking(self._timeout)
         except BaseException:
             # Interrupted or failed while starting: never leave a server behind.
             self.stop()
             raise
-
-    def _wait_ready(self) -> None:
-        proc = self._proc
-        if proc is None:
-            raise RuntimeError("server not started")
-        deadline = time.monotonic() + self._timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {proc.returncode}; see {self._log_path.name}")
-            try:
-                if httpx.get(f"{self.base_url}/v1/models", timeout=2.0).status_code == 200:
-                    log.info("adapters.vllm.ready", port=self.port)
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(2.0)
-        raise TimeoutError("vLLM did not become ready in time")
+        log.info("adapters.vllm.ready", port=self.port)
 
     def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        self._server.stop()
 
     def __enter__(self) -> VllmServer:
         self.start()

@@ -32,8 +32,13 @@ DEFAULT_START_TIMEOUT_SECONDS = 420.0
 
 
 def vllm_python() -> Path:
-    """The interpreter that has vLLM installed."""
-    return Path(os.environ.get(VLLM_PYTHON_ENV) or DEFAULT_VLLM_PYTHON)
+    """The interpreter that has vLLM installed: ``$SIDECAR_VLLM_PYTHON``, else the venv
+    ``.ci/setup`` made (``$SIDECAR_VLLM_VENV``, default ``~/.cache/sidecar/venv-vllm-0.32.0``)."""
+    if os.environ.get(VLLM_PYTHON_ENV):
+        return Path(os.environ[VLLM_PYTHON_ENV])
+    if os.environ.get("SIDECAR_VLLM_VENV"):
+        return Path(os.environ["SIDECAR_VLLM_VENV"]) / "bin" / "python"
+    return DEFAULT_VLLM_PYTHON
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -58,6 +63,9 @@ class LocalVllmSpec:
     block_size: int = 32  # the CPU attention backend needs a multiple of 32
     host: str = "127.0.0.1"
     port: int = 0
+    max_loras: int | None = None
+    seed: int | None = None
+    extra_args: tuple[str, ...] = ()
 
     def context_length(self) -> int:
         if self.max_model_len is not None:
@@ -95,9 +103,17 @@ class LocalVllmSpec:
         else:
             args.append("--no-enable-prefix-caching")
         if self.lora_modules:
-            args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--lora-modules"]
-            args += [f"{name}={path}" for name, path in self.lora_modules.items()]
-        return args
+            args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
+            if self.max_loras is not None:
+                args += ["--max-loras", str(self.max_loras)]
+            args += ["--lora-modules", *[f"{name}={path}" for name, path in self.lora_modules.items()]]
+        if self.seed is not None:
+            args += ["--seed", str(self.seed)]
+        return [*args, *self.extra_args]
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        return (self.served_name, *self.lora_modules)
 
 
 class LocalVllmServer:
@@ -133,7 +149,10 @@ class LocalVllmServer:
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(self.spec.kv_cache_gib),
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
             "PYTHONUNBUFFERED": "1",
         }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,17 +165,51 @@ class LocalVllmServer:
                 start_new_session=True,
             )
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _check_alive(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            code = None if self._proc is None else self._proc.returncode
+            raise RuntimeError(f"vLLM exited with {code} during start-up:\n{self.log_tail()}")
+
+    def _serves_all(self, response: httpx.Response) -> bool:
+        """Ready means every served name (base and LoRA modules) is listed by ``/v1/models``."""
+        if response.status_code != 200:
+            return False
+        try:
+            names = {m["id"] for m in response.json().get("data", [])}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return False
+        return set(self.spec.served_names) <= names
+
     async def wait_ready(self, timeout_seconds: float = DEFAULT_START_TIMEOUT_SECONDS) -> None:
-        """Return once ``/health`` answers 200; raise with the log's tail if the process dies."""
+        """Return once the server lists every served name; raise with the log's tail if it dies."""
         deadline = time.monotonic() + timeout_seconds
         async with httpx.AsyncClient(timeout=5.0) as http:
             while time.monotonic() < deadline:
-                if self._proc is None or self._proc.poll() is not None:
-                    raise RuntimeError(f"vLLM exited during start-up:\n{self.log_tail()}")
+                self._check_alive()
                 with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(self.root_url + "/health")).status_code == 200:
+                    if self._serves_all(await http.get(self.base_url + "/models")):
                         return
                 await asyncio.sleep(1.0)
+        raise TimeoutError(f"vLLM not ready after {timeout_seconds:.0f} s:\n{self.log_tail()}")
+
+    def wait_ready_blocking(self, timeout_seconds: float = DEFAULT_START_TIMEOUT_SECONDS) -> None:
+        """:meth:`wait_ready` for synchronous callers (command-line tools, test fixtures)."""
+        deadline = time.monotonic() + timeout_seconds
+        with httpx.Client(timeout=5.0) as http:
+            while time.monotonic() < deadline:
+                self._check_alive()
+                with contextlib.suppress(httpx.HTTPError):
+                    if self._serves_all(http.get(self.base_url + "/models")):
+                        return
+                time.sleep(1.0)
         raise TimeoutError(f"vLLM not ready after {timeout_seconds:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, chars: int = 3000) -> str:

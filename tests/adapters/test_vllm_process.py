@@ -12,6 +12,7 @@ from adapters.vllm_server import VllmServer
 
 
 def _fake_python(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "config.json").write_text("{}")  # a model directory, as far as the launcher checks
     script = tmp_path / "fake-python"
     script.write_text(f"#!/bin/sh\n{body}\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)

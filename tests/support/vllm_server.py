@@ -38,7 +38,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -51,6 +50,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.scoring.local_vllm import LocalVllmServer, LocalVllmSpec, free_port
 from tests.support.tiny_model import END_TAG, TinyModel
 
 BASE_MODEL = "base"
@@ -59,24 +59,6 @@ STARTUP_TIMEOUT_SECONDS = 420.0
 BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32
 ATTACH_ROOT_URL_ENV = "SIDECAR_TEST_VLLM_ROOT_URL"
 ATTACH_MODEL_ROOT_ENV = "SIDECAR_TEST_VLLM_MODEL_ROOT"
-
-
-def vllm_python() -> Path:
-    """The interpreter of the vLLM CPU venv (never hard-coded in the sidecar itself)."""
-    env = os.environ.get("SIDECAR_VLLM_PYTHON")
-    if env:
-        return Path(env)
-    venv = os.environ.get("SIDECAR_VLLM_VENV")  # what .ci/setup installs into, when set
-    if venv:
-        return Path(venv) / "bin" / "python"
-    return Path.home() / ".cache/sidecar/venv-vllm-0.32.0/bin/python"
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_model(root: Path) -> TinyModel:
@@ -118,7 +100,7 @@ class VllmServer:
     log_path: Path | None = None
     prefix_caching: bool = True
     block_size: int = BLOCK_SIZE
-    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _server: LocalVllmServer | None = field(default=None, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -142,7 +124,7 @@ class VllmServer:
 
     @property
     def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+        return None if self._server is None else self._server.pid
 
     def load_adapter(self, name: str, path: Path) -> None:
         """Load a LoRA adapter at run time under ``name`` (idempotent per name)."""
@@ -165,23 +147,14 @@ class VllmServer:
 
     def stop(self) -> None:
         """Stop the server process group this object started (idempotent)."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        if self._server is not None:
+            self._server.stop()
 
 
 def _wait_ready(server: VllmServer, deadline: float) -> None:
     while time.monotonic() < deadline:
-        if server._proc is not None and server._proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {server._proc.returncode}:\n{server.log_tail()}")
+        if server._server is not None and not server._server.running:
+            raise RuntimeError(f"vLLM exited:\n{server.log_tail()}")
         try:
             models = _http_json(server.base_url + "/models", timeout=5)
         except (OSError, ValueError):
@@ -194,13 +167,9 @@ def _wait_ready(server: VllmServer, deadline: float) -> None:
     raise RuntimeError(f"vLLM not ready after {STARTUP_TIMEOUT_SECONDS:.0f}s:\n{server.log_tail()}")
 
 
-def max_model_len(model_dir: Path, cap: int = 2048) -> int:
+def max_model_len(model_dir: Path) -> int:
     """``--max-model-len``: 2048, or less if the checkpoint has fewer positions (trained artifacts)."""
-    try:
-        positions = int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
-    except (OSError, KeyError, ValueError, TypeError):
-        return cap
-    return min(cap, positions)
+    return LocalVllmSpec(model_dir=model_dir).context_length()
 
 
 def start_server(
@@ -213,45 +182,24 @@ def start_server(
     warm_up: bool = True,
 ) -> VllmServer:
     """Start a vLLM server for ``model`` and wait until it serves both names (and warmed up)."""
-    python = vllm_python()
-    if not python.exists():
-        raise RuntimeError(f"vLLM interpreter not found at {python}; set SIDECAR_VLLM_PYTHON")
-    port = port or free_port()
-    args = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model.model_dir),
-        "--served-model-name", BASE_MODEL,
-        "--enable-lora", "--lora-modules", f"{ADAPTER_MODEL}={model.adapter_dir}",
-        "--max-lora-rank", "8",
-        "--max-model-len", str(max_model_len(model.model_dir)),
-        "--max-logprobs", "20",
-        "--dtype", "float32",
-        "--seed", "0",
+    spec = LocalVllmSpec(
+        model_dir=model.model_dir,
+        served_name=BASE_MODEL,
+        lora_modules={ADAPTER_MODEL: model.adapter_dir},
         # Small blocks: prefix-cache hits at the granularity of the tiny model's short prompts.
-        "--block-size", str(BLOCK_SIZE),
-        "--host", "127.0.0.1", "--port", str(port),
-        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
-        *extra_args,
-    ]  # fmt: skip
-    env = dict(os.environ)
-    env.update(
-        {
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "VLLM_NO_USAGE_STATS": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-        }
+        block_size=BLOCK_SIZE,
+        prefix_caching=prefix_caching,
+        seed=0,
+        port=port or 0,
+        extra_args=tuple(extra_args),
     )
-    log = log_path.open("wb")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    log.close()
+    local = LocalVllmServer(spec, log_path)
+    local.start()
     server = VllmServer(
-        root_url=f"http://127.0.0.1:{port}", model=model, log_path=log_path,
-        prefix_caching=prefix_caching, _proc=proc,
+        root_url=local.root_url, model=model, log_path=log_path, prefix_caching=prefix_caching, _server=local,
     )  # fmt: skip
     try:
-        _wait_ready(server, time.monotonic() + STARTUP_TIMEOUT_SECONDS)
+        local.wait_ready_blocking(STARTUP_TIMEOUT_SECONDS)
         if warm_up:
             # The first request compiles and allocates; pay it here, not inside a test's timeout.
             _http_json(
@@ -308,7 +256,7 @@ def _serve(argv: list[str]) -> int:
     print(f"export {ATTACH_ROOT_URL_ENV}={server.root_url}")
     print(f"export {ATTACH_MODEL_ROOT_ENV}={root}", flush=True)
     try:
-        while server._proc is not None and server._proc.poll() is None:
+        while server._server is not None and server._server.running:
             time.sleep(1.0)
     except KeyboardInterrupt:
         pass
