@@ -39,14 +39,16 @@ END_TAG = "<|end_of_conversation|>"
 SPECIAL_TOKENS: tuple[str, ...] = (BOS, EOS, PAD, END_TAG)
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    """Train a byte-level BPE on ``texts``; the special tokens get ids 0..3."""
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str] = SPECIAL_TOKENS
+) -> Tokenizer:
+    """Train a byte-level BPE on ``texts``; the special tokens get the first ids, in order."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

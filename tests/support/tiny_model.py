@@ -77,18 +77,9 @@ class TinyModel:
 def build_tokenizer(out_dir: Path) -> Path:
     """Train a byte-level BPE on the built-in corpus and save it with ``transformers``."""
     # Imported lazily (here and below): the pytest plugin imports this module for its constants.
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from adapters.tokenizer import train_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok = train_tokenizer(_CORPUS * 4, VOCAB_SIZE, special_tokens=SPECIAL_TOKENS)
     tok.save(str(out_dir / "tokenizer.json"))
     # Written by hand rather than by ``transformers`` so the files do not depend on the writer's
     # version: the vLLM venv may carry another ``transformers`` than the project's.
