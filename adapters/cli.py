@@ -37,6 +37,13 @@ def _positive_int(value: str) -> int:
     return n
 
 
+def _non_negative_int(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list of options
     p = argparse.ArgumentParser(prog="adapters", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -80,10 +87,13 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     tl.add_argument("--max-context-tokens", type=_positive_int, default=512)
     tl.add_argument("--max-per-dataset", type=_positive_int, default=None)
     tl.add_argument("--max-steps", type=_positive_int, default=None)
-    tl.add_argument("--loss-on", choices=("target", "conversation"), default="target",
-                    help="target: r_n + end tag only (paper); conversation: every token of the tagged text")
+    tl.add_argument("--loss-on", choices=("target", "conversation", "decisions"), default="target",
+                    help="target: r_n + end tag only (paper); conversation: every token of the tagged text;"
+                         " decisions: only the ids after a finished message (next header or end tag)")
     tl.add_argument("--decision-weight", type=float, default=1.0,
                     help="loss weight of block-opening tokens and the end tag")
+    tl.add_argument("--decision-windows", type=_non_negative_int, default=0,
+                    help="extra sequences per conversation ending at an earlier turn boundary (c_k + next id)")
     tl.add_argument("--seed", type=int, default=0)
 
     ex = sub.add_parser("export", help="write an adapter directory vLLM loads with --lora-modules")
@@ -103,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     ev.add_argument("--max-examples", type=_positive_int, default=None, help="per dataset and label set")
     ev.add_argument("--port", type=int, default=0)
     ev.add_argument("--command-line", default=None, help="recorded in the report")
+
+    va = sub.add_parser("validate", help="protocol on unseen train-side conversations, in-process (recipe choice)")
+    va.add_argument("--data", type=Path, required=True)
+    va.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    va.add_argument("--base", type=Path, required=True)
+    va.add_argument("--adapter", type=Path, default=None, help="peft adapter dir; none = the base alone")
+    va.add_argument("--skip", type=_non_negative_int, required=True,
+                    help="train conversations per dataset to skip: at least train-lora's --max-per-dataset")
+    va.add_argument("--max-conversations", type=_positive_int, default=None, help="per dataset")
+    va.add_argument("--max-context-tokens", type=_positive_int, default=512)
     return p
 
 
@@ -130,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         recipe = LoraRecipe(rank=args.rank, alpha=2 * args.rank, epochs=args.epochs, learning_rate=args.lr,
                             batch_size=args.batch_size, max_context_tokens=args.max_context_tokens,
-                            seed=args.seed, loss_on=args.loss_on, decision_weight=args.decision_weight)
+                            seed=args.seed, loss_on=args.loss_on, decision_weight=args.decision_weight,
+                            decision_windows=args.decision_windows)
         result = train_lora(args.data, args.datasets, args.base, args.out, recipe,
                             with_end_tag=not args.no_end_tag, max_per_dataset=args.max_per_dataset,
                             max_steps=args.max_steps)
@@ -138,6 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from adapters.export import export_adapter
 
         result = export_adapter(args.adapter, args.out, args.base_name, max_lora_rank=args.max_lora_rank)
+    elif args.command == "validate":
+        from adapters.validate import run_validate
+
+        result = run_validate(args.data, args.datasets, args.base, args.adapter, skip=args.skip,
+                              limit=args.max_conversations, max_context_tokens=args.max_context_tokens)
     else:
         from adapters.evaluate import run_eval
 

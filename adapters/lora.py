@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from adapters.data import messages_from_json
 from adapters.manifest import file_sha256, read_manifest, write_manifest
 from adapters.tokenizer import END_TAG, PAD, encode_messages_with_offsets, load_tokenizer, special_id
 from adapters.training import IGNORE, LoopConfig, TrainSeq, train_loop
+from sidecar.transcript.model import Message
 
 log = structlog.get_logger()
 
@@ -47,8 +50,12 @@ class LoraRecipe:
     max_context_tokens: int = 512
     seed: int = 0
     target_modules: tuple[str, ...] = TARGET_MODULES
-    loss_on: str = "target"  # "target": r_n + end tag (paper); "conversation": every token
+    loss_on: str = "target"  # "target": r_n + end tag (paper); "conversation": every token; "decisions"
     decision_weight: float = 1.0  # loss weight of the tokens that open a block or are the end tag
+    decision_windows: int = 0  # extra sequences per conversation that end at an earlier turn boundary
+
+
+LOSS_MODES = ("target", "conversation", "decisions")
 
 
 def build_sequence(ids: list[int], starts: list[int], target_msg: int, end_id: int | None, *,
@@ -58,25 +65,80 @@ def build_sequence(ids: list[int], starts: list[int], target_msg: int, end_id: i
     ``loss_on="conversation"`` keeps the loss on every token of the tagged conversation: language
     modelling of the paper's D' (conversations with the end tag appended). The non-final
     ``"\n\n"`` positions, followed by the next ``TURN`` header, are then the negatives the
-    target-only loss never shows.
+    target-only loss never shows. ``loss_on="decisions"`` keeps only the *decision tokens*.
 
-    ``decision_weight`` multiplies the loss of the *decision tokens*: the first token of every
+    ``decision_weight`` multiplies the loss of the decision tokens: the first token of every
     block after the first (what follows a finished message: the next ``TURN`` header or another
     step) and the end tag. Those are the only positions where "is the conversation over?" is
     decided; in a 256-token window they are ~10 of 256 labels, too faint a signal otherwise.
     Label-free: the weights come from the text's own structure.
     """
-    if loss_on not in {"target", "conversation"}:
-        raise ValueError(f"loss_on must be 'target' or 'conversation', not {loss_on!r}")
+    if loss_on not in LOSS_MODES:
+        raise ValueError(f"loss_on must be one of {LOSS_MODES}, not {loss_on!r}")
     seq = list(ids) + ([end_id] if end_id is not None else [])
-    cut = starts[target_msg] if loss_on == "target" else 0
-    labels = [IGNORE] * cut + seq[cut:]
+    decisions = [*starts[1:], *([len(ids)] if end_id is not None else [])]
+    if loss_on == "decisions":
+        labels = [IGNORE] * len(seq)
+        for pos in decisions:
+            labels[pos] = seq[pos]
+    else:
+        cut = starts[target_msg] if loss_on == "target" else 0
+        labels = [IGNORE] * cut + seq[cut:]
     if decision_weight == 1.0:
         return TrainSeq(seq[-max_tokens:], labels[-max_tokens:])
     weights = [1.0] * len(seq)
-    for pos in [*starts[1:], *([len(ids)] if end_id is not None else [])]:
+    for pos in decisions:
         weights[pos] = decision_weight
     return TrainSeq(seq[-max_tokens:], labels[-max_tokens:], weights[-max_tokens:])
+
+
+def turn_cuts(messages: Sequence[Message], starts: list[int]) -> list[int]:
+    """Id offsets where c_k ends for k = 1..n-1: the start of every user message but the first.
+
+    These are exactly the prompts of the held-out protocol's truncated copies (and of every
+    non-final turn the sidecar scores): the ids before the offset are ids(render(c_k)), the id at
+    the offset is the first id of the next ``TURN`` header.
+    """
+    users = [i for i, m in enumerate(messages) if m.role == "user"]
+    return [starts[i] for i in users[1:]]
+
+
+def build_window(ids: list[int], starts: list[int], cut: int, *, max_tokens: int, loss_on: str = "target",
+                 decision_weight: float = 1.0) -> TrainSeq:
+    """A sequence that ends one id after c_k: its last label is "continue" (the next header's first id).
+
+    The negative counterpart of :func:`build_sequence`: at inference the sidecar's prompt ends
+    right after a response whether or not the conversation is over, and left-truncated to the same
+    ``max_tokens``. Training only on whole conversations puts every end tag at the last window
+    position and every "continue" earlier, a position cue the truncated prompts then hit. In
+    ``"target"`` mode only the final id carries loss; ``"conversation"`` and ``"decisions"`` as in
+    :func:`build_sequence`. Label-free: the cut comes from the text's own turn structure.
+    """
+    if loss_on not in LOSS_MODES:
+        raise ValueError(f"loss_on must be one of {LOSS_MODES}, not {loss_on!r}")
+    if not 0 < cut < len(ids):
+        raise ValueError(f"cut {cut} outside the conversation (1..{len(ids) - 1})")
+    seq = ids[:cut + 1]
+    decisions = [p for p in starts[1:] if p <= cut]
+    if loss_on == "conversation":
+        labels = list(seq)
+    else:
+        labels = [IGNORE] * len(seq)
+        for pos in decisions if loss_on == "decisions" else [cut]:
+            labels[pos] = seq[pos]
+    weights = [1.0] * len(seq)
+    for pos in decisions:
+        weights[pos] = decision_weight
+    if decision_weight == 1.0:
+        return TrainSeq(seq[-max_tokens:], labels[-max_tokens:])
+    return TrainSeq(seq[-max_tokens:], labels[-max_tokens:], weights[-max_tokens:])
+
+
+def pick_cuts(cuts: list[int], n: int, key: str) -> list[int]:
+    """Up to ``n`` of ``cuts``, chosen by a generator seeded with ``key`` (deterministic)."""
+    if n >= len(cuts):
+        return list(cuts)
+    return sorted(random.Random(key).sample(cuts, n))
 
 
 def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe: LoraRecipe, *,
@@ -91,10 +153,15 @@ def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe:
                 if max_per_dataset is not None and counts.get(name, 0) >= max_per_dataset:
                     break
                 rec = json.loads(line)
-                ids, starts = encode_messages_with_offsets(tok, messages_from_json(rec["messages"]))
+                messages = messages_from_json(rec["messages"])
+                ids, starts = encode_messages_with_offsets(tok, messages)
                 seqs.append(build_sequence(ids, starts, int(rec["target_start"]), end_id,
                                            max_tokens=recipe.max_context_tokens, loss_on=recipe.loss_on,
                                            decision_weight=recipe.decision_weight))
+                key = f"{recipe.seed}:{rec['conversation_id']}"
+                seqs.extend(build_window(ids, starts, cut, max_tokens=recipe.max_context_tokens,
+                                         loss_on=recipe.loss_on, decision_weight=recipe.decision_weight)
+                            for cut in pick_cuts(turn_cuts(messages, starts), recipe.decision_windows, key))
                 counts[name] = counts.get(name, 0) + 1
     return seqs, counts
 
@@ -158,6 +225,7 @@ def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Pa
                          "batch_size": recipe.batch_size, "max_context_tokens": recipe.max_context_tokens,
                          "optimizer": opt_name, "seed": recipe.seed, "device": device,
                          "loss_on": recipe.loss_on, "decision_weight": recipe.decision_weight,
+                         "decision_windows": recipe.decision_windows,
                          "end_tag": with_end_tag},
         metrics={"steps": result["steps"], "train_seconds": result["train_seconds"],
                  "loss_first_10": first, "loss_last_10": last},
