@@ -30,8 +30,9 @@ def _fmt(x: float | None) -> str:
 def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = ["# Completion detection: held-out evaluation (paper Table 2 protocol)", "",
              f"Command: `{meta['command']}`  ", f"Wall time: {meta['wall_seconds']} s; context: last "
-             f"{meta['max_context_tokens']} tokens; P(end) exact (top-20 logprobs, else the full-vocabulary logprobs "
-             f"of the same position). Positive class for P/R/F1 columns marked (c) = complete, (i) = incomplete.", ""]
+             f"{meta['max_context_tokens']} tokens. Scored by the sidecar's own path ({meta.get('scored_by', '-')}); "
+             f"P(end) read exactly, by method: {meta.get('p_end_methods', {})}. Positive class for P/R/F1 columns "
+             f"marked (c) = complete, (i) = incomplete.", ""]
     for name, sets in results.items():
         for set_name, res in sets.items():
             title = ("full = complete, truncated copy = incomplete" if set_name == "protocol"

@@ -228,7 +228,7 @@ class ScoringConfig(BaseModel):
     prompt_truncation: Literal["turns", "tail"] = Field(
         "turns",
         description="Over max_prompt_tokens: drop whole turns from the front (keeping the preamble); with "
-        "'tail', a prompt that still does not fit keeps its last max_prompt_tokens ids, as the bundled "
+        "'tail', keep the last max_prompt_tokens ids of the whole rendering, no turn dropped, as the bundled "
         "adapters are trained.",
     )
     max_prompt_tokens: int = Field(

@@ -210,17 +210,27 @@ class ScoringHooks:
         if cached is not None:
             return cached
         messages = self._messages(ctx)
-        if cfg.adapter is not None and self._adapter_scorer is not None:
-            prompt, _ = self.prompts.completion_adapter(messages)
-            scorer, model = self._adapter_scorer, cfg.adapter
+        adapter = cfg.adapter
+        if adapter is not None and self._adapter_scorer is not None:
+            score = await self._until_available("completion", lambda: self.score_adapter(messages, adapter))
         else:
             prompt, _ = self.prompts.completion_instruct(messages)
-            scorer, model = self._instruct_scorer, self.config.vllm.base_model
-        score = await self._until_available("completion", lambda: scorer.score(model, prompt))
+            model = self.config.vllm.base_model
+            score = await self._until_available("completion", lambda: self._instruct_scorer.score(model, prompt))
         self._budget(label, cfg).spend(score.generated_tokens)
         self.metrics.p_end.labels(label).observe(score.p_end)
         self._verdicts.put(key, score)
         return score
+
+    async def score_adapter(self, messages: Sequence[Message], adapter: str) -> CompletionScore:
+        """The adapter verdict on c_k = ``messages``: the prompt and scorer the hooks use, no scheduling.
+
+        Offline evaluation (``adapters eval``) calls this so its figures are what the sidecar sees.
+        """
+        if self._adapter_scorer is None:
+            raise ConfigError(f"the end tag {self.config.completion.end_tag!r} is not a token of the tokenizer")
+        prompt, _ = self.prompts.completion_adapter(messages)
+        return await self._adapter_scorer.score(adapter, prompt)
 
     def on_turn_closed(self, ctx: TurnContext) -> HookResult:
         label = self._agent_label(ctx.agent)

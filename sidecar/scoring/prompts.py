@@ -41,22 +41,25 @@ def fit(
     *,
     tail: bool = False,
 ) -> tuple[list[int], int]:
-    """Encode with ``build``, dropping the oldest turns until it fits; returns (ids, turns dropped).
+    """Encode with ``build`` and make it fit ``max_tokens``; returns (ids, turns dropped).
 
-    With ``tail``, a prompt that still does not fit keeps its last ``max_tokens`` ids instead of
-    failing: the window the project's adapters are trained on (left-truncated token ids).
+    By default the oldest turns are dropped (the preamble is kept) until it fits. With ``tail`` the
+    prompt is the last ``max_tokens`` ids of the whole encoding, no turn dropped: the window the
+    project's adapters are trained on (ids of the full rendering, left-truncated). Dropping turns
+    would renumber them (``TURN 1`` again) and start the window at a block header, a text the
+    adapter never saw in training.
     """
     ids = build(messages)
     if len(ids) <= max_tokens:
         return ids, 0
+    if tail:
+        return ids[-max_tokens:], 0
     starts = _turn_starts(messages)
     head = list(messages[: starts[0]]) if starts else []
     for dropped, start in enumerate(starts[1:], start=1):
         ids = build(head + list(messages[start:]))
         if len(ids) <= max_tokens:
             return ids, dropped
-    if tail:
-        return ids[-max_tokens:], len(starts) - 1 if starts else 0
     raise PromptTooLong(f"prompt of {len(ids)} tokens exceeds {max_tokens} even with one turn")
 
 

@@ -1,26 +1,27 @@
 """A freshly trained and exported adapter loads into the suite's real vLLM server and changes it.
 
 Uses the shared session server (``tests.support.vllm_server``): its tiny base model, runtime LoRA
-loading, and the exact P(end) reading the evaluation uses.
+loading, and the sidecar's own scoring path, which ``adapters eval`` uses.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from adapters.evaluate import PromptMismatchError, SidecarScoring, check_prompts, sidecar_config
 from adapters.export import export_adapter
 from adapters.lora import LoraRecipe, train_lora
-from adapters.tokenizer import END_TAG, encode_messages, load_tokenizer, special_id
-from adapters.vllm_server import exact_logprob, next_token
+from adapters.tokenizer import END_TAG, encode_messages, encode_plain, load_tokenizer, special_id
+from sidecar.transcript.model import Message
 from tests.adapters.conftest import to_messages
 
 
@@ -59,31 +60,38 @@ def _hf_end_logprobs(model_dir: Path, adapter_dir: Path, prompts: list[list[int]
     return out
 
 
-def test_exported_adapter_loads_and_serves_what_it_learned(vllm_server: Any, exported_toy_adapter: Path,
-                                                           toy_records: list[dict[str, Any]]) -> None:
-    """vLLM serves the exported adapter exactly as peft computes it, and it differs from the base."""
+async def test_exported_adapter_loads_and_serves_what_it_learned(vllm_server: Any, exported_toy_adapter: Path,
+                                                                 toy_records: list[dict[str, Any]]) -> None:
+    """Through the sidecar's scoring path, vLLM serves the adapter as peft computes it; it differs from the base."""
     tok = load_tokenizer(vllm_server.model_dir)
     end_id = special_id(tok, END_TAG)
-    prompts = [encode_messages(tok, to_messages(r)) for r in toy_records[:4]]
-    with httpx.Client(base_url=vllm_server.root_url, timeout=60.0) as client:
-        names = {m["id"] for m in client.get("/v1/models").json()["data"]}
+    conversations = [to_messages(r) for r in toy_records[:4]]
+    async with httpx.AsyncClient(base_url=vllm_server.root_url, timeout=60.0) as client:
+        names = {m["id"] for m in (await client.get("/v1/models")).json()["data"]}
         assert "adapters-toy" in names
-        served, base = [], []
-        for ids in prompts:  # one at a time: exact lookups must not share a batch (see next_token)
-            served.append(math.log(next_token(client, "adapters-toy", ids, [end_id]).probs[end_id]))
-            base.append(math.log(next_token(client, "base", ids, [end_id]).probs[end_id]))
+    turn_id = encode_plain(tok, "TURN 1, STEP 1, user chat:\n")[0]
+    scoring = SidecarScoring(sidecar_config(f"{vllm_server.root_url}/v1", vllm_server.model_dir, 256), turn_id)
+    await scoring.hooks.start()
+    try:
+        served = await scoring.score_all(conversations, "adapters-toy", turn_rule=True, desc="adapter")
+        base = await scoring.score_all(conversations, "base", turn_rule=False, desc="base")
+    finally:
+        await scoring.hooks.stop()
+    prompts = [encode_messages(tok, m)[-256:] for m in conversations]
     expected = _hf_end_logprobs(vllm_server.model_dir, exported_toy_adapter, prompts, end_id)
-    assert served == pytest.approx(expected, abs=2e-2)
-    assert max(abs(a - b) for a, b in zip(served, base, strict=True)) > 0.1
+    assert [float(np.log(v.p_end)) for v in served] == pytest.approx(expected, abs=2e-2)
+    assert max(abs(np.log(a.p_end) - np.log(b.p_end)) for a, b in zip(served, base, strict=True)) > 0.1
+    assert all(v.p_turn is not None and 0.0 <= v.p_turn <= 1.0 for v in served)
+    assert all(v.p_end_method in {"top_k", "forced", "prompt_logprobs"} for v in served)
 
 
-def test_exact_lookup_agrees_with_top_logprobs(vllm_server: Any, toy_records: list[dict[str, Any]]) -> None:
+def test_eval_prompts_are_the_training_windows(vllm_server: Any) -> None:
+    """``adapters eval`` refuses to score when the sidecar would send another window than training used."""
     tok = load_tokenizer(vllm_server.model_dir)
-    ids = encode_messages(tok, to_messages(toy_records[0]))
-    with httpx.Client(base_url=vllm_server.root_url, timeout=60.0) as client:
-        body = {"model": "base", "prompt": ids, "max_tokens": 1, "temperature": 0.0, "logprobs": 5,
-                "return_tokens_as_token_ids": True}
-        top = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["top_logprobs"][0]
-        for key, lp in list(top.items())[:3]:
-            tid = int(key.split(":", 1)[1])
-            assert exact_logprob(client, "base", ids, tid) == pytest.approx(lp, abs=1e-4)
+    long = [m for i in range(30) for m in (Message("user", f"book table {i} for two"), Message("assistant", "sure"))]
+    assert len(encode_messages(tok, long)) > 64
+    config = sidecar_config("http://127.0.0.1:9/v1", vllm_server.model_dir, 64)
+    check_prompts(SidecarScoring(config, 0), tok, [long, long[:3]], 64)
+    turns = config.model_copy(update={"prompt_truncation": "turns"})
+    with pytest.raises(PromptMismatchError, match="example 0"):
+        check_prompts(SidecarScoring(turns, 0), tok, [long], 64)

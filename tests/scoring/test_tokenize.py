@@ -146,15 +146,21 @@ def test_long_conversations_drop_oldest_turns_and_keep_the_preamble(builder: Pro
         small.completion_adapter([Message("user", "word " * 2000)])
 
 
-def test_tail_truncation_keeps_the_last_ids_when_turns_do_not_fit(builder: PromptBuilder) -> None:
-    # The bundled adapters are trained on the last N token ids of a conversation: serve the same window.
-    convo = [Message("system", "policy " * 500), Message("user", "hi"), Message("assistant", "hello, how can I help?")]
+@pytest.mark.parametrize("convo", [
+    [Message("system", "policy " * 500), Message("user", "hi"), Message("assistant", "hello, how can I help?")],
+    [m for i in range(12) for m in (Message("user", f"question {i} about trains"), Message("assistant", f"answer {i}"))],
+], ids=["one-turn-too-long", "many-turns"])
+def test_tail_truncation_keeps_the_last_ids_of_the_whole_rendering(builder: PromptBuilder,
+                                                                   convo: list[Message]) -> None:
+    # The bundled adapters are trained on the last N token ids of the whole conversation: serve the
+    # same window, with the real turn numbers, never a shorter renumbered rendering.
     full = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=100_000)
     tail = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=64,
                          tail_truncation=True)
     all_ids, _ = full.completion_adapter(convo)
-    ids, _ = tail.completion_adapter(convo)
-    assert len(ids) == 64
+    assert len(all_ids) > 64
+    ids, dropped = tail.completion_adapter(convo)
+    assert (len(ids), dropped) == (64, 0)
     assert ids == all_ids[-64:]
 
 
