@@ -203,6 +203,16 @@ def target_start(messages: Sequence[Message]) -> int:
     return last_user + 1
 
 
+def in_truncation_protocol(real_complete: bool | None, real_label_source: str | None) -> bool:
+    """Whether a conversation can be a "complete" example of the truncation protocol.
+
+    The protocol needs complete conversations as positives: conversations a dataset itself marks
+    as not completed (STAR disconnects) are left out of it and scored separately. tau-bench's
+    failed tasks stay: the conversation did end, the task reward is about its outcome.
+    """
+    return real_label_source is None or "STAR" not in real_label_source or bool(real_complete)
+
+
 def eval_examples(conv: Conversation, seed: int) -> list[Example]:
     """The full conversation (complete) and its truncated copy (incomplete), if it has one."""
     out = [Example(conv.conversation_id, conv.dataset, conv.messages, complete=True, kind="full")]

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from adapters.data import (
     Conversation,
     eval_examples,
+    in_truncation_protocol,
     message_to_json,
     read_conversations,
     split_of,
@@ -55,17 +56,15 @@ def prepare_dataset(
             continue
         (train if split_of(conv) == "train" else test).append(conv)
     train_s = _sample(train, max_train, "train-sample")
-    # The truncation protocol needs complete conversations as positives: conversations a dataset
-    # itself marks as not completed (STAR disconnects) are left out of it and scored separately.
-    proto_pool = [c for c in test if c.real_label_source is None or "STAR" not in c.real_label_source
-                  or c.real_complete]
+    proto_pool = [c for c in test if in_truncation_protocol(c.real_complete, c.real_label_source)]
     test_s = _sample(proto_pool, max_test, "test-sample")
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "train.jsonl").open("w") as fh:
         for c in train_s:
             rec = {"conversation_id": c.conversation_id, "dataset": name,
                    "messages": [message_to_json(m) for m in c.messages],
-                   "target_start": target_start(c.messages), **sft_pair(c)}
+                   "target_start": target_start(c.messages), "real_complete": c.real_complete,
+                   "real_label_source": c.real_label_source, **sft_pair(c)}
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
     n_ex = 0
     with (out_dir / "test.jsonl").open("w") as fh:

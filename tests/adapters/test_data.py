@@ -15,6 +15,7 @@ from adapters.data import (
     BadRecordError,
     Conversation,
     eval_examples,
+    in_truncation_protocol,
     parse_record,
     read_conversations,
     split_of,
@@ -77,7 +78,31 @@ def test_taubench_stop_token_is_stripped_and_empty_message_dropped() -> None:
 def test_star_real_label() -> None:
     rec = synthetic_conversation(2, 2) | {"source": "star"}
     rec["meta"] = {"completed": False, "split_group": "star/2"}
-    assert parse_record(rec).real_complete is False
+    conv = parse_record(rec)
+    assert conv.real_complete is False
+    # A STAR disconnect is no positive of the truncation protocol; a failed tau-bench task still ended.
+    assert not in_truncation_protocol(conv.real_complete, conv.real_label_source)
+    assert in_truncation_protocol(True, conv.real_label_source)
+    assert in_truncation_protocol(False, "meta.reward == 1 (tau-bench task reward)")
+    assert in_truncation_protocol(None, None)
+
+
+def test_validation_examples_follow_the_test_protocol(tmp_path: Path) -> None:
+    from adapters.validate import validation_examples
+
+    (tmp_path / "star").mkdir()
+    rows = []
+    for i, completed in enumerate([True, False, True, True]):
+        rec = synthetic_conversation(i, 3)
+        rows.append({"conversation_id": rec["conversation_id"], "messages": rec["turns"], "real_complete": completed,
+                     "real_label_source": "meta.completed (STAR completion_level)"})
+    (tmp_path / "star" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = validation_examples(tmp_path, "star", skip=1, limit=None)
+    # rows 1.. minus the disconnect: two conversations, each complete + its truncated copy
+    assert [y for _, y in got] == [True, False, True, False]
+    assert [len(m) for m, _ in got] == [6, len(got[1][0]), 6, len(got[3][0])]
+    assert validation_examples(tmp_path, "star", skip=0, limit=1) == validation_examples(tmp_path, "star", skip=0,
+                                                                                           limit=2)[:2]
 
 
 def test_split_is_stable_balanced_and_grouped() -> None:
