@@ -148,7 +148,7 @@ def test_long_conversations_drop_oldest_turns_and_keep_the_preamble(builder: Pro
 
 @pytest.mark.parametrize("convo", [
     [Message("system", "policy " * 500), Message("user", "hi"), Message("assistant", "hello, how can I help?")],
-    [m for i in range(12) for m in (Message("user", f"question {i} about trains"), Message("assistant", f"answer {i}"))],
+    [m for i in range(12) for m in (Message("user", f"question {i} on trains"), Message("assistant", f"answer {i}"))],
 ], ids=["one-turn-too-long", "many-turns"])
 def test_tail_truncation_keeps_the_last_ids_of_the_whole_rendering(builder: PromptBuilder,
                                                                    convo: list[Message]) -> None:
