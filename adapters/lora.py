@@ -73,23 +73,15 @@ def build_sequence(ids: list[int], starts: list[int], target_msg: int, end_id: i
     decided; in a 256-token window they are ~10 of 256 labels, too faint a signal otherwise.
     Label-free: the weights come from the text's own structure.
     """
-    if loss_on not in LOSS_MODES:
-        raise ValueError(f"loss_on must be one of {LOSS_MODES}, not {loss_on!r}")
+    _check_loss_mode(loss_on)
     seq = list(ids) + ([end_id] if end_id is not None else [])
     decisions = [*starts[1:], *([len(ids)] if end_id is not None else [])]
     if loss_on == "decisions":
-        labels = [IGNORE] * len(seq)
-        for pos in decisions:
-            labels[pos] = seq[pos]
+        labels = _labels_at(seq, decisions)
     else:
         cut = starts[target_msg] if loss_on == "target" else 0
         labels = [IGNORE] * cut + seq[cut:]
-    if decision_weight == 1.0:
-        return TrainSeq(seq[-max_tokens:], labels[-max_tokens:])
-    weights = [1.0] * len(seq)
-    for pos in decisions:
-        weights[pos] = decision_weight
-    return TrainSeq(seq[-max_tokens:], labels[-max_tokens:], weights[-max_tokens:])
+    return _tail(seq, labels, decisions, max_tokens=max_tokens, decision_weight=decision_weight)
 
 
 def turn_cuts(messages: Sequence[Message], starts: list[int]) -> list[int]:
@@ -114,23 +106,36 @@ def build_window(ids: list[int], starts: list[int], cut: int, *, max_tokens: int
     ``"target"`` mode only the final id carries loss; ``"conversation"`` and ``"decisions"`` as in
     :func:`build_sequence`. Label-free: the cut comes from the text's own turn structure.
     """
-    if loss_on not in LOSS_MODES:
-        raise ValueError(f"loss_on must be one of {LOSS_MODES}, not {loss_on!r}")
+    _check_loss_mode(loss_on)
     if not 0 < cut < len(ids):
         raise ValueError(f"cut {cut} outside the conversation (1..{len(ids) - 1})")
     seq = ids[:cut + 1]
     decisions = [p for p in starts[1:] if p <= cut]
-    if loss_on == "conversation":
-        labels = list(seq)
-    else:
-        labels = [IGNORE] * len(seq)
-        for pos in decisions if loss_on == "decisions" else [cut]:
-            labels[pos] = seq[pos]
+    keep = {"conversation": range(len(seq)), "decisions": decisions, "target": [cut]}[loss_on]
+    return _tail(seq, _labels_at(seq, keep), decisions, max_tokens=max_tokens, decision_weight=decision_weight)
+
+
+def _check_loss_mode(loss_on: str) -> None:
+    if loss_on not in LOSS_MODES:
+        raise ValueError(f"loss_on must be one of {LOSS_MODES}, not {loss_on!r}")
+
+
+def _labels_at(seq: list[int], positions: Sequence[int]) -> list[int]:
+    """Labels that keep the loss only at ``positions``."""
+    labels = [IGNORE] * len(seq)
+    for pos in positions:
+        labels[pos] = seq[pos]
+    return labels
+
+
+def _tail(seq: list[int], labels: list[int], decisions: Sequence[int], *, max_tokens: int,
+          decision_weight: float) -> TrainSeq:
+    """The last ``max_tokens`` positions, the decision tokens weighted ``decision_weight``."""
+    if decision_weight == 1.0:
+        return TrainSeq(seq[-max_tokens:], labels[-max_tokens:])
     weights = [1.0] * len(seq)
     for pos in decisions:
         weights[pos] = decision_weight
-    if decision_weight == 1.0:
-        return TrainSeq(seq[-max_tokens:], labels[-max_tokens:])
     return TrainSeq(seq[-max_tokens:], labels[-max_tokens:], weights[-max_tokens:])
 
 
