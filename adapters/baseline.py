@@ -15,7 +15,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline, make_pipeline
 
-from adapters.data import Conversation, eval_examples, messages_from_json
+from adapters.data import eval_examples, train_record_conversation
 from adapters.tokenizer import SPECIAL_TOKENS
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import render_text
@@ -34,9 +34,7 @@ def train_classifier(data_dir: Path, datasets: Sequence[str], seed: int) -> tupl
         with (data_dir / name / "train.jsonl").open() as fh:
             for line in fh:
                 rec = json.loads(line)
-                conv = Conversation(rec["conversation_id"], name, rec["conversation_id"],
-                                    messages_from_json(rec["messages"]))
-                for ex in eval_examples(conv, seed + 1):
+                for ex in eval_examples(train_record_conversation(rec, name), seed + 1):
                     texts.append(tail_text(ex.messages))
                     labels.append(int(ex.complete))
     clf = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, max_features=50000),

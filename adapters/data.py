@@ -203,6 +203,12 @@ def target_start(messages: Sequence[Message]) -> int:
     return last_user + 1
 
 
+def train_record_conversation(rec: dict[str, Any], dataset: str) -> Conversation:
+    """A ``train.jsonl`` record of ``prepare`` back as a :class:`Conversation` (its own label kept)."""
+    return Conversation(rec["conversation_id"], dataset, rec["conversation_id"], messages_from_json(rec["messages"]),
+                        real_complete=rec.get("real_complete"), real_label_source=rec.get("real_label_source"))
+
+
 def in_truncation_protocol(real_complete: bool | None, real_label_source: str | None) -> bool:
     """Whether a conversation can be a "complete" example of the truncation protocol.
 

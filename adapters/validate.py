@@ -21,7 +21,7 @@ import structlog
 import torch
 from tqdm import tqdm
 
-from adapters.data import Conversation, eval_examples, in_truncation_protocol, messages_from_json
+from adapters.data import eval_examples, in_truncation_protocol, train_record_conversation
 from adapters.metrics import binary_metrics
 from adapters.tokenizer import END_TAG, PAD, encode_messages, load_tokenizer, special_id
 
@@ -38,12 +38,10 @@ def validation_examples(data_dir: Path, dataset: str, *, skip: int, limit: int |
                 continue
             if limit is not None and i >= skip + limit:
                 break
-            rec = json.loads(line)
+            conv = train_record_conversation(json.loads(line), dataset)
             # As for the test side: a conversation the dataset marks as not completed is no positive.
-            if not in_truncation_protocol(rec.get("real_complete"), rec.get("real_label_source")):
+            if not in_truncation_protocol(conv.real_complete, conv.real_label_source):
                 continue
-            conv = Conversation(rec["conversation_id"], dataset, rec["conversation_id"],
-                                messages_from_json(rec["messages"]))
             out.extend((list(ex.messages), ex.complete) for ex in eval_examples(conv, seed))
     return out
 
