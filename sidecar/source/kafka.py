@@ -48,6 +48,7 @@ RECOVERY_BACKOFF_MAX_SECONDS = 30.0
 class _Batch:
     records: Sequence[ConsumerRecord[bytes, bytes]]
     received_at: float
+    received_at_unix: float
 
 
 class _PartitionWorker:
@@ -111,7 +112,7 @@ class _PartitionWorker:
                     batch = None
                 if batch is not None:
                     for rec in batch.records:
-                        await self.processor.process(rec, batch.received_at)
+                        await self.processor.process(rec, batch.received_at, batch.received_at_unix)
                     self._refill()
                 if time.monotonic() >= next_tick:
                     await self.processor.tick()
@@ -261,10 +262,11 @@ class KafkaEventSource:
         while True:
             batches = await self.consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.cfg.fetch_max_records)
             now = time.monotonic()
+            wall = time.time()
             self._last_poll = now
             for tp, records in batches.items():
                 w = self._workers.get(tp)
-                if w is not None and records and not w.offer(_Batch(records, now)):
+                if w is not None and records and not w.offer(_Batch(records, now, wall)):
                     self.set_paused(w, True)
 
     async def _commit_loop(self) -> None:

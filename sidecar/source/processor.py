@@ -106,8 +106,12 @@ class PartitionProcessor:
 
     # -- processing --------------------------------------------------------------------------
 
-    async def process(self, record: SourceRecord, received_at: float) -> None:
-        """Apply one record. Awaits only when the pending-effect bound is reached."""
+    async def process(self, record: SourceRecord, received_at: float, received_at_unix: float | None = None) -> None:
+        """Apply one record. Awaits only when the pending-effect bound is reached.
+
+        ``received_at`` is the monotonic fetch time (latency metrics), ``received_at_unix`` the
+        wall-clock one handed to hooks (``TurnContext.triggered_at_unix``); default: now.
+        """
         offset = record.offset
         if offset < self.next_offset:
             return  # delivered again after a seek: already applied
@@ -123,8 +127,9 @@ class PartitionProcessor:
             if not replay:
                 await self._dead_letter(record, exc.reason, exc.detail)
         self.next_offset = offset + 1
+        wall = time.time() if received_at_unix is None else received_at_unix
         for t in triggers:
-            await self._fire(t, offset, "record", replay, received_at)
+            await self._fire(t, offset, "record", replay, received_at, wall=wall)
         if self._keys and offset > self._last_journaled:
             self._keys = set()  # nothing recorded before the restart can trigger again
         self._observe(received_at)
@@ -134,8 +139,9 @@ class PartitionProcessor:
         if self.replaying:
             return
         now = self._clock()
+        wall = time.time()
         for t in self.state.due(now):
-            await self._fire(t, self.next_offset, "timer", False, None)
+            await self._fire(t, self.next_offset, "timer", False, None, wall=wall)
         self._observe(None)
 
     def _observe(self, received_at: float | None) -> None:
@@ -153,7 +159,7 @@ class PartitionProcessor:
     # -- effects -----------------------------------------------------------------------------
 
     async def _fire(
-        self, t: Trigger, position: int, trigger: str, replay: bool, received_at: float | None
+        self, t: Trigger, position: int, trigger: str, replay: bool, received_at: float | None, *, wall: float
     ) -> None:
         kind = t.kind
         m = self._m
@@ -172,6 +178,7 @@ class PartitionProcessor:
             tenant=conv.tenant,
             close_reason=t.close_reason,
             end_reason=t.end_reason,
+            triggered_at_unix=wall,
         )
         hook: Callable[[TurnContext], HookResult] = getattr(self._hooks, f"on_{kind}")
         try:

@@ -43,7 +43,10 @@ class TurnContext:
     ``messages`` holds every message received so far (the conversation's prefix up to and
     including the triggering one). ``turn`` is the 1-based turn the hook is about: for
     ``user_message`` the turn that message opens, for ``turn_closed`` the turn that closed, for
-    ``conversation_ended`` the last turn (0 if the user never spoke).
+    ``conversation_ended`` the last turn (0 if the user never spoke). ``triggered_at_unix`` is the
+    wall-clock time (seconds since the epoch) at which the trigger was seen: when the record was
+    fetched from Kafka, or when a timer fired. Latency metrics that span processes (user message to
+    alert) start from it.
     """
 
     kind: HookKind
@@ -54,6 +57,7 @@ class TurnContext:
     tenant: str | None
     close_reason: CloseReason | None = None
     end_reason: EndReason | None = None
+    triggered_at_unix: float | None = None
 
     @property
     def key(self) -> tuple[str, int, HookKind]:
