@@ -35,6 +35,14 @@ class KafkaConfig(BaseModel):
         description="Records with a larger value are dead-lettered as 'oversized'.",
     )
     fetch_max_records: int = Field(500, ge=1, le=100_000, description="Records per poll.")
+    fetch_max_bytes: int = Field(
+        16 * 1_048_576, ge=1_048_576, le=1024 * 1_048_576,
+        description="Most bytes the consumer prefetches per fetch (the Kafka client's own buffer).",
+    )
+    max_queued_bytes_per_partition: int = Field(
+        8 * 1_048_576, ge=65_536,
+        description="Fetched bytes buffered per partition before the partition is paused.",
+    )
     partition_queue_batches: int = Field(
         4, ge=1, le=1000,
         description="Fetched batches buffered per partition before the partition is paused.",
@@ -42,6 +50,17 @@ class KafkaConfig(BaseModel):
     max_pending_effects_per_partition: int = Field(
         256, ge=1, le=1_000_000,
         description="Hook calls in flight per partition before the partition stops reading.",
+    )
+    revoke_grace_seconds: float = Field(
+        5.0, ge=0, le=600,
+        description="On revoke or shutdown, pending effects get this long to finish; the rest fire again at "
+        "the partition's next owner. Keep it well under max_poll_interval_ms (a rebalance waits for it) "
+        "and under the pod's termination grace period.",
+    )
+    revoke_flush_timeout_seconds: float = Field(
+        10.0, gt=0, le=600,
+        description="On revoke or shutdown, how long to wait for journal writes already sent to be "
+        "acknowledged before the partition is given up.",
     )
     commit_interval_seconds: float = Field(1.0, gt=0, le=300, description="How often offsets are committed.")
     session_timeout_ms: int = Field(45_000, ge=6_000, le=1_800_000,
@@ -61,6 +80,17 @@ class KafkaConfig(BaseModel):
     )
     sasl_username: str | None = Field(None, description="SASL user name.")
     sasl_password: SecretStr | None = Field(None, description="SASL password; masked in `config show` and logs.")
+    journal_signing_keys: list[SecretStr] = Field(
+        default_factory=list, max_length=8,
+        description="HMAC keys for results records: the first signs, any verifies (rotation). When set, "
+        "recovery ignores results records without a valid signature, so a producer that can write the "
+        "results topic cannot suppress hooks or end conversations.",
+    )
+    ready_requires_partitions: bool = Field(
+        False,
+        description="Report not ready while no partition is assigned. Off: a standby replica (more replicas "
+        "than partitions) is ready, so rolling updates proceed.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> KafkaConfig:

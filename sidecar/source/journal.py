@@ -9,6 +9,10 @@ After a restart the partition re-reads the source from L with hooks suppressed b
 re-reads the results topic from ``j``: outcomes recorded after the last commit are not produced
 again, and time-triggered transitions (idle debounce, idle TTL, eviction) are re-applied at the
 position where they first happened, so the rebuilt state is the one the crashed process had.
+
+Journal records come back from a topic that anything with write access can append to: each one
+is validated (:mod:`sidecar.source.journal_entry`) and, when signing keys are configured, must
+carry a valid signature before it may suppress a hook or end a conversation.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sidecar.source.journal_entry import JournalEntry
 from sidecar.state.hooks import HookKind
 from sidecar.state.store import trigger_key
 
 METADATA_VERSION = 1
 RESULT_VERSION = 1
+MAX_OFFSET = 2**63 - 1
+# Kafka brokers keep at most offset.metadata.max.bytes (4096 by default) of commit metadata.
+MAX_METADATA_CHARS = 4096
 
 
 class SourceRecord(Protocol):
@@ -56,6 +64,15 @@ class ResultsWriter(Protocol):
         self, source_partition: int, conversation_id: str, record: dict[str, Any]
     ) -> asyncio.Future[int]: ...
 
+    async def flush(self, source_partition: int, timeout_seconds: float) -> bool:
+        """Stop resending ``source_partition``'s failed writes (their futures are cancelled) and
+        wait until every write already handed to the producer is acknowledged or failed.
+
+        After it returns True no write submitted for that partition can land later. False: the
+        brokers did not answer within ``timeout_seconds``.
+        """
+        ...
+
 
 class DeadLetterWriter(Protocol):
     """Copies a rejected record to the dead-letter topic, value untouched, reason in headers.
@@ -68,32 +85,55 @@ class DeadLetterWriter(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class CommitPoint:
+    """Where a partition may commit: ``offset`` (L), and the metadata that makes resuming exact.
+
+    ``processed_until`` (P): every effect triggered below it is recorded. ``journal_from`` (J): the
+    results-topic offset from which this partition's still-relevant outcomes start.
+    ``finished_from`` (F): the first offset of the earliest-started conversation the finished
+    memory holds; a restart scans the source from F to L to rebuild that memory.
+    """
+
     offset: int
     processed_until: int
     journal_from: int
+    finished_from: int | None = None
 
     @property
     def metadata(self) -> str:
-        return json.dumps({"v": METADATA_VERSION, "p": self.processed_until, "j": self.journal_from},
-                          separators=(",", ":"))
+        data: dict[str, int] = {"v": METADATA_VERSION, "p": self.processed_until, "j": self.journal_from}
+        if self.finished_from is not None and self.finished_from < self.offset:
+            data["f"] = self.finished_from
+        return json.dumps(data, separators=(",", ":"))
 
 
-def parse_metadata(metadata: str | None) -> tuple[int, int] | None:
-    """``(processed_until, journal_from)`` from commit metadata, or None if absent or foreign."""
-    if not metadata:
+@dataclass(frozen=True, slots=True)
+class CommitMetadata:
+    processed_until: int
+    journal_from: int
+    finished_from: int | None
+
+
+def _offset(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_OFFSET:
+        return value
+    return None
+
+
+def parse_metadata(metadata: str | None) -> CommitMetadata | None:
+    """Our commit metadata, or None if absent, foreign or damaged (it is read back from Kafka)."""
+    if not metadata or len(metadata) > MAX_METADATA_CHARS:
         return None
     try:
         data = json.loads(metadata)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("v") != METADATA_VERSION:
         return None
-    p, j = data.get("p"), data.get("j")
-    if not (isinstance(p, int) and isinstance(j, int)) or isinstance(p, bool) or isinstance(j, bool):
+    p, j = _offset(data.get("p")), _offset(data.get("j"))
+    if p is None or j is None:
         return None
-    if p < 0 or j < 0:
-        return None
-    return p, j
+    f = _offset(data.get("f")) if "f" in data else None
+    return CommitMetadata(p, j, f)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +159,22 @@ class Recovery:
     # The highest source position any journaled outcome was triggered at: past it, nothing
     # recorded before the restart can trigger again and ``keys`` can be dropped.
     last_position: int = -1
+    # Conversations that started in [finished_from, start_offset): all finished before the commit.
+    finished: list[tuple[str, int]] = field(default_factory=list)
+
+    def add(self, entry: JournalEntry) -> None:
+        """Fold one validated journal entry of this partition into the plan."""
+        kind, cid, turn, pos = entry.kind, entry.conversation_id, entry.turn, entry.position
+        self.last_position = max(self.last_position, pos)
+        if pos >= self.replay_until:
+            self.keys.add(trigger_key(cid, turn, kind))
+        if entry.trigger == "timer" and kind != "user_message":
+            self.transitions.append(Transition(pos, kind, cid, turn))
+
+    def seal(self) -> Recovery:
+        """Call once every entry is added: transitions in position order."""
+        self.transitions.sort(key=lambda t: t.position)
+        return self
 
     @classmethod
     def from_journal(
@@ -130,21 +186,11 @@ class Recovery:
         journal_end: int,
         records: Iterable[Mapping[str, Any]],
     ) -> Recovery:
-        """Fold this partition's journal records (already filtered to it) into a recovery plan."""
-        keys: set[tuple[str, int, HookKind]] = set()
-        transitions: list[Transition] = []
-        last = -1
+        """Fold this partition's journal records (already filtered to it) into a recovery plan;
+        records that do not validate are ignored (they cannot suppress anything)."""
+        plan = cls(start_offset, replay_until, journal_from, journal_end)
         for r in records:
-            try:
-                kind, cid, turn, pos = r["kind"], r["conversation_id"], int(r["turn"]), int(r["position"])
-            except (KeyError, TypeError, ValueError):
-                continue  # a foreign or damaged record cannot suppress anything
-            if kind not in ("user_message", "turn_closed", "conversation_ended") or not isinstance(cid, str):
-                continue
-            last = max(last, pos)
-            if pos >= replay_until:
-                keys.add(trigger_key(cid, turn, kind))
-            if r.get("trigger") == "timer" and kind != "user_message":
-                transitions.append(Transition(pos, kind, cid, turn))
-        transitions.sort(key=lambda t: t.position)
-        return cls(start_offset, replay_until, journal_from, journal_end, keys, transitions, last)
+            entry = JournalEntry.from_mapping(r)
+            if entry is not None:
+                plan.add(entry)
+        return plan.seal()

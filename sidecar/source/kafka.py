@@ -11,118 +11,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CorruptRecordException, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.lifecycle import Health
 from sidecar.source.config import KafkaConfig
-from sidecar.source.journal import CommitPoint, Recovery
-from sidecar.source.processor import PartitionProcessor
-from sidecar.source.recovery import JournalReader, load_recovery
+from sidecar.source.journal_entry import JournalSigner
+from sidecar.source.recovery import JournalReader
+from sidecar.source.worker import Batch, PartitionWorker, UnreadableRecord, batch_bytes
 from sidecar.source.writers import KafkaDeadLetterWriter, KafkaResultsWriter, client_kwargs, make_producer
 from sidecar.state.config import StateConfig
 from sidecar.state.hooks import ConversationHooks
+from sidecar.state.memory import MemoryBudget
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
 log = structlog.get_logger(__name__)
 
 POLL_TIMEOUT_MS = 200
-# On revoke, pending effects get this long to finish before they are abandoned (they then fire
-# again at the partition's next owner). Kept well below session_timeout_ms so a rebalance
-# completes before the group evicts this member.
-REVOKE_GRACE_SECONDS = 2.0
-RECOVERY_BACKOFF_INITIAL_SECONDS = 0.5
-RECOVERY_BACKOFF_MAX_SECONDS = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Batch:
-    records: Sequence[ConsumerRecord[bytes, bytes]]
-    received_at: float
-    received_at_unix: float
-
-
-class _PartitionWorker:
-    def __init__(self, tp: TopicPartition, source: KafkaEventSource) -> None:
-        self.tp = tp
-        self._source = source
-        self.queue: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=source.cfg.partition_queue_batches)
-        self.overflow: deque[_Batch] = deque()
-        self.processor: PartitionProcessor | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.last_commit: CommitPoint | None = None
-        self.paused = False
-
-    def offer(self, batch: _Batch) -> bool:
-        """Queue a fetched batch; False means the partition must be paused."""
-        if self.overflow or self.queue.full():
-            self.overflow.append(batch)
-            return False
-        self.queue.put_nowait(batch)
-        return True
-
-    async def _recover(self) -> Recovery:
-        """Load the recovery plan, waiting out transient Kafka errors (capped, jittered backoff)."""
-        src = self._source
-        delay = RECOVERY_BACKOFF_INITIAL_SECONDS
-        while True:
-            try:
-                return await load_recovery(
-                    src.consumer, src.journal_reader, src.cfg, self.tp, await src.results.partition_count()
-                )
-            except KafkaError as exc:
-                src.metrics.recovery_errors.inc()
-                log.warning("recovery.failed", partition=self.tp.partition, error=type(exc).__name__,
-                            retry_in_seconds=round(delay, 2))
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, RECOVERY_BACKOFF_MAX_SECONDS)
-
-    async def run(self) -> None:
-        src = self._source
-        recovery = await self._recover()
-        src.metrics.recoveries.inc()
-        self.processor = PartitionProcessor(
-            partition=self.tp.partition,
-            state_config=src.state_cfg,
-            hooks=src.hooks,
-            results=src.results,
-            dead_letters=src.dead_letters,
-            metrics=src.metrics,
-            recovery=recovery,
-            max_record_bytes=src.cfg.max_record_bytes,
-            max_pending=src.cfg.max_pending_effects_per_partition,
-        )
-        sweep = src.state_cfg.sweep_interval_seconds
-        next_tick = time.monotonic() + sweep
-        with structlog.contextvars.bound_contextvars(partition=self.tp.partition):
-            while True:
-                timeout = max(0.0, next_tick - time.monotonic())
-                try:
-                    batch = await asyncio.wait_for(self.queue.get(), timeout)
-                except TimeoutError:
-                    batch = None
-                if batch is not None:
-                    for rec in batch.records:
-                        await self.processor.process(rec, batch.received_at, batch.received_at_unix)
-                    self._refill()
-                if time.monotonic() >= next_tick:
-                    await self.processor.tick()
-                    next_tick = time.monotonic() + sweep
-
-    def _refill(self) -> None:
-        while self.overflow and not self.queue.full():
-            self.queue.put_nowait(self.overflow.popleft())
-        if not self.overflow and self.paused:
-            self._source.set_paused(self, False)
+# A parse failure inside the client (a header key that is not UTF-8, a corrupt batch) surfaces
+# from getmany() with no record attached; these are the exceptions that mean "a record", not "the
+# broker", and send the fetch loop into _isolate_unreadable.
+UNREADABLE_ERRORS = (UnicodeDecodeError, CorruptRecordException)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -150,9 +64,11 @@ class KafkaEventSource:
         self.state_cfg = state_cfg
         self.hooks = hooks
         self.metrics = metrics
+        self.budget = MemoryBudget(state_cfg.max_memory_bytes)
+        self.signer = JournalSigner([k.get_secret_value().encode() for k in cfg.journal_signing_keys])
         self.producer = make_producer(cfg)
-        self.results = KafkaResultsWriter(self.producer, cfg, metrics)
-        self.dead_letters = KafkaDeadLetterWriter(self.producer, cfg, metrics)
+        self.results = KafkaResultsWriter(self.producer, cfg, metrics, self.signer)
+        self.dead_letters = KafkaDeadLetterWriter(self.producer, cfg, metrics, self.results.write_health)
         self.journal_reader = JournalReader(cfg)
         self.consumer = AIOKafkaConsumer(
             **client_kwargs(cfg),
@@ -163,9 +79,11 @@ class KafkaEventSource:
             session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             max_poll_interval_ms=cfg.max_poll_interval_ms,
+            fetch_max_bytes=cfg.fetch_max_bytes,
+            max_partition_fetch_bytes=min(cfg.fetch_max_bytes, max(cfg.max_record_bytes + 65_536, 1_048_576)),
             isolation_level="read_committed",
         )
-        self._workers: dict[TopicPartition, _PartitionWorker] = {}
+        self._workers: dict[TopicPartition, PartitionWorker] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._started = False
         self._stopped = False
@@ -206,11 +124,26 @@ class KafkaEventSource:
         await self.producer.stop()
 
     def health(self) -> Health:
+        """Ready when polling, every owned partition recovered, and results are being written.
+
+        A replica that owns no partition is ready (a standby in a group with more replicas than
+        partitions) unless ``kafka.ready_requires_partitions`` says otherwise; the detail says so.
+        """
         assigned = len(self._workers)
         recovering = sum(1 for w in self._workers.values() if w.processor is None or w.processor.replaying)
         polling = time.monotonic() - self._last_poll < 30 if self._last_poll else False
-        ready = self._started and not self._stopped and polling and assigned > 0 and recovering == 0
-        return Health("kafka", ready, f"partitions={assigned} recovering={recovering} polling={polling}")
+        writing, write_detail = self.results.health()
+        has_partitions = assigned > 0 or not self.cfg.ready_requires_partitions
+        ready = self._started and not self._stopped and polling and has_partitions and recovering == 0 and writing
+        detail = f"partitions={assigned} recovering={recovering} polling={polling}"
+        if assigned == 0:
+            detail += " standby"
+        if not writing:
+            detail += f" results={write_detail}"
+        return Health("kafka", ready, detail)
+
+    def count_journal_skip(self, reason: str) -> None:
+        self.metrics.journal_skipped.labels(reason).inc()
 
     # -- rebalance ---------------------------------------------------------------------------
 
@@ -218,7 +151,7 @@ class KafkaEventSource:
         for tp in assigned:
             if tp in self._workers:
                 continue
-            w = _PartitionWorker(tp, self)
+            w = PartitionWorker(tp, self)
             self._workers[tp] = w
             if self._tg is not None:
                 w.task = self._tg.create_task(w.run(), name=f"partition-{tp.partition}")
@@ -226,21 +159,23 @@ class KafkaEventSource:
         log.info("kafka.assigned", partitions=sorted(tp.partition for tp in assigned))
 
     async def revoke(self, revoked: list[TopicPartition]) -> None:
-        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-        for tp in revoked:
-            w = self._workers.pop(tp, None)
-            if w is None:
-                continue
+        """Give partitions up: stop their workers, then release them together (one grace period,
+        not one per partition), then commit what their releases allow."""
+        workers = [w for tp in revoked if (w := self._workers.pop(tp, None)) is not None]
+        for w in workers:
             if w.task is not None:
                 w.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await w.task
-            if w.processor is not None:
-                await w.processor.drain(REVOKE_GRACE_SECONDS)
-                await w.processor.abandon()
-                cp = w.processor.commit_point()
-                if cp is not None:
-                    offsets[tp] = OffsetAndMetadata(cp.offset, cp.metadata)
+        released = [w for w in workers if w.processor is not None]
+        points = await asyncio.gather(*(
+            w.processor.release(self.cfg.revoke_grace_seconds, self.cfg.revoke_flush_timeout_seconds)
+            for w in released if w.processor is not None
+        ))
+        offsets = {
+            w.tp: OffsetAndMetadata(cp.offset, cp.metadata) for w, cp in zip(released, points, strict=True)
+            if cp is not None
+        }
         self.metrics.partitions_assigned.set(len(self._workers))
         if offsets:
             await self._commit(offsets)
@@ -248,7 +183,7 @@ class KafkaEventSource:
 
     # -- loops -------------------------------------------------------------------------------
 
-    def set_paused(self, w: _PartitionWorker, paused: bool) -> None:
+    def set_paused(self, w: PartitionWorker, paused: bool) -> None:
         if w.paused == paused or w.tp not in self._workers:
             return
         w.paused = paused
@@ -260,14 +195,56 @@ class KafkaEventSource:
 
     async def _fetch_loop(self) -> None:
         while True:
-            batches = await self.consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.cfg.fetch_max_records)
-            now = time.monotonic()
-            wall = time.time()
-            self._last_poll = now
-            for tp, records in batches.items():
-                w = self._workers.get(tp)
-                if w is not None and records and not w.offer(_Batch(records, now, wall)):
-                    self.set_paused(w, True)
+            try:
+                batches = await self.consumer.getmany(
+                    timeout_ms=POLL_TIMEOUT_MS, max_records=self.cfg.fetch_max_records
+                )
+            except UNREADABLE_ERRORS as exc:
+                await self._isolate_unreadable(exc)
+                continue
+            self._deliver(batches)
+
+    def _deliver(self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+        now = time.monotonic()
+        wall = time.time()
+        self._last_poll = now
+        for tp, records in batches.items():
+            w = self._workers.get(tp)
+            if w is not None and records and not w.offer(Batch(records, now, wall, batch_bytes(records))):
+                self.set_paused(w, True)
+
+    async def _isolate_unreadable(self, exc: BaseException) -> None:
+        """Find the record the client could not parse, dead-letter its position, and go on.
+
+        The client raises from getmany() without saying which partition, and it drops the records
+        of that partition it had already parsed in the same call. So: rewind every partition to the
+        offset after the last record its worker received, then fetch partition by partition; the
+        one that raises again is read one record at a time, and the record at which it raises is
+        handed to its worker as an :class:`UnreadableRecord` and skipped.
+        """
+        log.warning("kafka.unreadable_record", error=type(exc).__name__)
+        for tp, w in list(self._workers.items()):
+            if w.next_fetch is not None:
+                self.consumer.seek(tp, w.next_fetch)
+        for tp, w in list(self._workers.items()):
+            if w.paused or self._workers.get(tp) is not w:
+                continue
+            while True:
+                try:
+                    batch = await self.consumer.getmany(tp, timeout_ms=POLL_TIMEOUT_MS, max_records=1)
+                except UNREADABLE_ERRORS as again:
+                    offset = w.next_fetch if w.next_fetch is not None else await self.consumer.position(tp)
+                    detail = f"{type(again).__name__} in the Kafka client"
+                    bad = UnreadableRecord(tp.topic, tp.partition, offset, detail)
+                    if not w.offer(Batch([bad], time.monotonic(), time.time(), 0)):
+                        self.set_paused(w, True)
+                    self.consumer.seek(tp, offset + 1)
+                    continue
+                if not batch.get(tp):
+                    break
+                self._deliver(batch)
+                if w.paused:
+                    break
 
     async def _commit_loop(self) -> None:
         while True:
@@ -277,25 +254,38 @@ class KafkaEventSource:
     async def commit_now(self) -> None:
         """Commit every partition whose commit point moved; refresh the gauges."""
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-        active = text = pending = 0
+        active = pending = 0
+        now = time.monotonic()
+        wall = time.time()
+        commit_age = oldest_age = effect_age = 0.0
         for tp, w in list(self._workers.items()):
             p = w.processor
             if p is None:
                 continue
-            n, b = p.gauges()
-            active += n
-            text += b
+            active += len(p.state)
             pending += p.pending_effects
             hw = self.consumer.highwater(tp)
             if hw is not None:
                 self.metrics.consumer_lag.labels(str(tp.partition)).set(max(0, hw - p.next_offset))
+            oldest = p.state.oldest()
+            if oldest is not None:
+                oldest_age = max(oldest_age, wall - oldest.opened_at_unix)
+            effect_age = max(effect_age, p.oldest_pending_age(now))
             cp = p.commit_point()
             if cp is not None and cp != w.last_commit:
                 offsets[tp] = OffsetAndMetadata(cp.offset, cp.metadata)
+                if w.last_commit is None or cp.offset != w.last_commit.offset:
+                    w.last_commit_changed_at = now
                 w.last_commit = cp
-        self.metrics.conversations_active.set(active)
-        self.metrics.text_bytes.set(text)
-        self.metrics.effects_pending.set(pending)
+            if cp is not None and cp.offset < p.next_offset:
+                commit_age = max(commit_age, now - w.last_commit_changed_at)
+        m = self.metrics
+        m.conversations_active.set(active)
+        m.state_bytes.set(self.budget.used_bytes)
+        m.effects_pending.set(pending)
+        m.commit_age.set(commit_age)
+        m.oldest_conversation_age.set(oldest_age)
+        m.oldest_effect_age.set(effect_age)
         if offsets:
             await self._commit(offsets)
 

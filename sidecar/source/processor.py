@@ -33,6 +33,7 @@ from sidecar.source.journal import (
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
 from sidecar.state.hooks import ConversationHooks, HookResult, Outcome, TurnContext
+from sidecar.state.memory import MemoryBudget
 from sidecar.state.store import PartitionState, Rejected, Trigger
 from sidecar.telemetry.stream_metrics import StreamMetrics, StreamMetricsCache
 
@@ -47,6 +48,7 @@ class _Pending:
     position: int
     first_offset: int
     journal_start: int
+    created: float
     awaitable: Awaitable[Outcome] | None = None
     waiter: asyncio.Future[None] | None = None
     acked: asyncio.Future[int] | None = None
@@ -68,9 +70,13 @@ class PartitionProcessor:
         max_record_bytes: int,
         max_pending: int,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.partition = partition
-        self.state = PartitionState(state_config)
+        self.state = PartitionState(state_config, budget)
+        for cid, first_offset in recovery.finished:
+            self.state.remember_finished(cid, first_offset)
         self._hooks = hooks
         self._results = results
         self._dlq = dead_letters
@@ -80,6 +86,7 @@ class PartitionProcessor:
         self._max_record_bytes = max_record_bytes
         self._max_pending = max_pending
         self._clock = clock
+        self._wall = wall_clock
         self.next_offset = recovery.start_offset
         self._replay_until = recovery.replay_until
         self._journal_end = recovery.journal_end
@@ -107,14 +114,20 @@ class PartitionProcessor:
     # -- processing --------------------------------------------------------------------------
 
     async def process(self, record: SourceRecord, received_at: float, received_at_unix: float | None = None) -> None:
-        """Apply one record. Awaits only when the pending-effect bound is reached.
+        """Apply one record; awaits only for room under the pending-effect bound, before applying it.
 
         ``received_at`` is the monotonic fetch time (latency metrics), ``received_at_unix`` the
         wall-clock one handed to hooks (``TurnContext.triggered_at_unix``); default: now.
+
+        Cancellation-safe: the only await before the record changes the state is the wait for
+        room, and ``next_offset`` moves past the record only once every effect it caused is pinned.
+        A cancellation in between (a revoke, a shutdown) leaves the commit point at or below this
+        record, so its effects fire again at the next owner unless the journal says they happened.
         """
         offset = record.offset
         if offset < self.next_offset:
             return  # delivered again after a seek: already applied
+        await self._wait_for_room()
         self._apply_transitions(offset)
         replay = offset < self._replay_until
         (self._m.replayed if replay else self._m.consumed).inc()
@@ -122,25 +135,41 @@ class PartitionProcessor:
         try:
             event = decode_event(record.value, record.key, max_bytes=self._max_record_bytes)
             jpos = self._journal_from if replay else self._journal_end
-            triggers = self.state.apply(event, offset, self._clock(), jpos)
+            # The record's Kafka timestamp dates the conversation's start, durably across restarts.
+            opened = record.timestamp / 1000.0 if record.timestamp > 0 else self._wall()
+            triggers = self.state.apply(event, offset, self._clock(), jpos, opened)
         except (DecodeError, Rejected) as exc:
             if not replay:
-                await self._dead_letter(record, exc.reason, exc.detail)
-        self.next_offset = offset + 1
-        wall = time.time() if received_at_unix is None else received_at_unix
+                self._dead_letter(record, exc.reason, exc.detail)
+        wall = self._wall() if received_at_unix is None else received_at_unix
         for t in triggers:
             await self._fire(t, offset, "record", replay, received_at, wall=wall)
+        self.next_offset = offset + 1
         if self._keys and offset > self._last_journaled:
             self._keys = set()  # nothing recorded before the restart can trigger again
         self._observe(received_at)
+
+    async def process_unreadable(self, record: SourceRecord) -> None:
+        """A record the client could not parse: dead-letter its position (``unreadable_record``)."""
+        detail = str(getattr(record, "detail", "the Kafka client could not parse it"))
+        if record.offset < self.next_offset:
+            return
+        await self._wait_for_room()
+        self._apply_transitions(record.offset)
+        replay = record.offset < self._replay_until
+        (self._m.replayed if replay else self._m.consumed).inc()
+        if not replay:
+            self._dead_letter(record, "unreadable_record", detail)
+        self.next_offset = record.offset + 1
 
     async def tick(self) -> None:
         """Fire what time has made due (debounced turn closes, idle expiry). Not during replay."""
         if self.replaying:
             return
+        await self._wait_for_room()
         now = self._clock()
-        wall = time.time()
-        for t in self.state.due(now):
+        wall = self._wall()
+        for t in self.state.due(now, wall):
             await self._fire(t, self.next_offset, "timer", False, None, wall=wall)
         self._observe(None)
 
@@ -188,7 +217,7 @@ class PartitionProcessor:
         m.fired(kind).inc()
         if received_at is not None:
             m.dispatch(kind).observe(time.monotonic() - received_at)
-        await self._wait_for_room()
+        # Pinned before any await: from here on a cancellation keeps the commit below it.
         entry = self._pin(position, conv)
         if isinstance(result, Mapping):
             # Fast path: the outcome is already known; only the journal write is pending.
@@ -245,6 +274,9 @@ class PartitionProcessor:
             return
         self._journal_end = max(self._journal_end, acked.result() + 1)
         self._pending.pop(entry.pid, None)
+        self._signal_room()
+
+    def _signal_room(self) -> None:
         if self._room is not None and len(self._pending) < self._max_pending:
             self._room.set()
 
@@ -252,7 +284,7 @@ class PartitionProcessor:
         pid = next(self._ids)
         first = conv.first_offset if conv is not None else position
         jstart = conv.journal_start if conv is not None else self._journal_end
-        entry = _Pending(pid, position, first, jstart)
+        entry = _Pending(pid, position, first, jstart, time.monotonic())
         self._pending[pid] = entry
         return entry
 
@@ -261,18 +293,16 @@ class PartitionProcessor:
             self._room = asyncio.Event()
             await self._room.wait()
 
-    async def _dead_letter(self, record: SourceRecord, reason: str, detail: str) -> None:
+    def _dead_letter(self, record: SourceRecord, reason: str, detail: str) -> None:
         self._m.dead(reason).inc()
         log.info("event.dead_lettered", partition=self.partition, offset=record.offset, reason=reason,
                  detail=detail)
-        await self._wait_for_room()
         entry = self._pin(record.offset, None)
 
         async def write() -> None:
             await self._dlq.dead_letter(record, reason, detail)
             self._pending.pop(entry.pid, None)
-            if self._room is not None and len(self._pending) < self._max_pending:
-                self._room.set()
+            self._signal_room()
 
         entry.waiter = asyncio.ensure_future(write())
 
@@ -293,7 +323,8 @@ class PartitionProcessor:
         if oldest is not None:
             low = min(low, oldest.first_offset)
             j = min(j, oldest.journal_start)
-        return CommitPoint(offset=min(low, p), processed_until=p, journal_from=j)
+        return CommitPoint(offset=min(low, p), processed_until=p, journal_from=j,
+                           finished_from=self.state.finished_from())
 
     async def drain(self, timeout_seconds: float) -> bool:
         """Wait up to ``timeout_seconds`` for pending effects; True if none is left."""
@@ -308,7 +339,12 @@ class PartitionProcessor:
         return not self._pending
 
     async def abandon(self) -> None:
-        """Cancel pending effects (they stay pinned, so they fire again after the next owner rebuilds)."""
+        """Cancel pending effects (they stay pinned, so they fire again after the next owner rebuilds).
+
+        Journal writes already handed to the producer cannot be called back: :meth:`release`
+        flushes them before the partition is given up, so that none lands after the next owner
+        has read the journal.
+        """
         tasks = [e.waiter for e in self._pending.values() if e.waiter is not None and not e.waiter.done()]
         for t in tasks:
             t.cancel()
@@ -319,7 +355,26 @@ class PartitionProcessor:
             if inspect.iscoroutine(e.awaitable) and inspect.getcoroutinestate(e.awaitable) == "CORO_CREATED":
                 e.awaitable.close()
 
-    def gauges(self) -> tuple[int, int]:
-        """(open conversations, text bytes) for the source's aggregate gauges."""
-        return len(self.state), self.state.text_bytes
+    async def release(self, grace_seconds: float, flush_timeout_seconds: float) -> CommitPoint | None:
+        """Give the partition up: finish what can finish within ``grace_seconds``, abandon the rest,
+        make sure no journal write of this owner can land later, and return the commit point.
+
+        A write still unacknowledged after ``flush_timeout_seconds`` (brokers unreachable) may
+        land after the next owner read the journal and then repeat an effect: that is counted
+        (``sidecar_release_unflushed_total``) and logged; the commit point is returned anyway,
+        since it never covers an unacknowledged effect.
+        """
+        await self.drain(grace_seconds)
+        await self.abandon()
+        if not await self._results.flush(self.partition, flush_timeout_seconds):
+            self._metrics.release_unflushed.inc()
+            log.warning("partition.release_unflushed", partition=self.partition)
+        point = self.commit_point()
+        self.state.close()
+        return point
+
+    def oldest_pending_age(self, now: float) -> float:
+        """Seconds the oldest effect still pinning the commit point has waited (0 if none)."""
+        oldest = next(iter(self._pending.values()), None)
+        return 0.0 if oldest is None else max(0.0, now - oldest.created)
 

@@ -1,25 +1,34 @@
-"""Rebuild a partition's recovery plan from Kafka alone: committed offset, metadata, journal."""
+"""Rebuild a partition's recovery plan from Kafka alone: committed offset, metadata, journal, and
+the source itself for the memory of finished conversations."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from sidecar.errors import DecodeError
+from sidecar.events import decode_event
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import Recovery, parse_metadata
+from sidecar.source.journal_entry import JournalSigner, read_entry
 from sidecar.source.writers import client_kwargs
 
 log = structlog.get_logger(__name__)
 
 READ_TIMEOUT_MS = 1000
+READ_BATCH_RECORDS = 5000
+# Recovery runs on the event loop beside live partitions: yield after this many records so that
+# one long scan never holds the loop for more than a few milliseconds.
+YIELD_EVERY_RECORDS = 500
+
+SkipCounter = Callable[[str], None]
 
 
 class JournalReader:
-    """A group-less consumer that reads slices of the results topic, one recovery at a time."""
+    """A group-less consumer that reads slices of the results and source topics, one at a time."""
 
     def __init__(self, cfg: KafkaConfig) -> None:
         self._cfg = cfg
@@ -30,6 +39,7 @@ class JournalReader:
         self._consumer = AIOKafkaConsumer(
             **client_kwargs(self._cfg), group_id=None, enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed",
+            fetch_max_bytes=self._cfg.fetch_max_bytes,
         )
         await self._consumer.start()
 
@@ -43,58 +53,60 @@ class JournalReader:
         tp = TopicPartition(self._cfg.results_topic, partition)
         return int((await self._consumer.beginning_offsets([tp]))[tp])
 
-    async def read(self, partition: int, start: int, source_partition: int) -> tuple[list[dict[str, Any]], int]:
-        """This source partition's journal records from ``start`` to the current end, and the end."""
+    async def records(
+        self, topic: str, partition: int, start: int, end: int | None = None
+    ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+        """Records of one partition from ``start`` (or its first retained offset) up to ``end``
+        (default: its end when the read starts). Holds the reader for the whole slice."""
         assert self._consumer is not None, "start() first"
-        tp = TopicPartition(self._cfg.results_topic, partition)
+        tp = TopicPartition(topic, partition)
         async with self._lock:
             c = self._consumer
             c.assign([tp])
             first = int((await c.beginning_offsets([tp]))[tp])
-            end = int((await c.end_offsets([tp]))[tp])
+            last = int((await c.end_offsets([tp]))[tp])
+            end = last if end is None else min(end, last)
             if start < first:
-                log.warning("recovery.journal_truncated", partition=source_partition, wanted=start, first=first)
+                log.warning("recovery.truncated", topic=topic, partition=partition, wanted=start, first=first)
                 start = first
-            out: list[dict[str, Any]] = []
             if start >= end:
-                return out, end
+                return
             c.seek(tp, start)
             position = start
+            seen = 0
             while position < end:
-                batch = await c.getmany(tp, timeout_ms=READ_TIMEOUT_MS, max_records=5000)
+                batch = await c.getmany(tp, timeout_ms=READ_TIMEOUT_MS, max_records=READ_BATCH_RECORDS)
                 for rec in batch.get(tp, []):
                     position = rec.offset + 1
                     if rec.offset >= end:
                         break
-                    r = _parse(rec.value)
-                    if (
-                        r is not None
-                        and r.get("group") == self._cfg.group_id
-                        and r.get("topic") == self._cfg.topic
-                        and r.get("partition") == source_partition
-                    ):
-                        out.append(r)
+                    yield rec
+                    seen += 1
+                    if seen % YIELD_EVERY_RECORDS == 0:
+                        await asyncio.sleep(0)
                 if not batch:
                     position = await c.position(tp)
-            return out, end
+
+    async def journal_end(self, partition: int) -> int:
+        assert self._consumer is not None, "start() first"
+        tp = TopicPartition(self._cfg.results_topic, partition)
+        return int((await self._consumer.end_offsets([tp]))[tp])
 
 
-def _parse(value: bytes | None) -> dict[str, Any] | None:
-    try:
-        r = json.loads(value or b"")
-    except ValueError:
-        return None
-    return r if isinstance(r, dict) else None
-
-
-async def load_recovery(
+async def load_recovery(  # noqa: PLR0917 - the worker passes its collaborators in one call
     consumer: AIOKafkaConsumer,
     reader: JournalReader,
     cfg: KafkaConfig,
     tp: TopicPartition,
     journal_partitions: int,
+    signer: JournalSigner,
+    on_skip: SkipCounter,
 ) -> Recovery:
-    """Where partition ``tp`` restarts, what it must not fire again, and what it must re-apply."""
+    """Where partition ``tp`` restarts, what it must not fire again, and what it must re-apply.
+
+    Journal records are untrusted input: each is validated (and its signature checked when keys
+    are configured); one that fails is counted through ``on_skip(reason)`` and ignored.
+    """
     committed = await consumer._coordinator.fetch_committed_offsets([tp])
     om = committed.get(tp)
     jpart = tp.partition % journal_partitions
@@ -105,16 +117,42 @@ async def load_recovery(
         start = int((await consumer.beginning_offsets([tp]))[tp])
     else:
         start = int((await consumer.end_offsets([tp]))[tp])
+    finished_from: int | None = None
     if meta is not None:
-        replay_until, journal_from = meta
+        replay_until, journal_from, finished_from = meta.processed_until, meta.journal_from, meta.finished_from
     else:
         # No metadata of ours: nothing is known to be done, so everything from ``start`` fires
         # unless the journal (read from its beginning) says it already did.
         replay_until, journal_from = start, await reader.beginning(jpart)
-    records, journal_end = await reader.read(jpart, journal_from, tp.partition)
-    log.info("recovery.loaded", partition=tp.partition, start=start, replay_until=replay_until,
-             journal_from=journal_from, journal_records=len(records))
-    return Recovery.from_journal(
-        start_offset=start, replay_until=max(replay_until, start), journal_from=journal_from,
-        journal_end=journal_end, records=records,
-    )
+    journal_end = await reader.journal_end(jpart)
+    plan = Recovery(start, max(replay_until, start), journal_from, journal_end)
+    read = 0
+    async for rec in reader.records(cfg.results_topic, jpart, journal_from, journal_end):
+        entry, reason = read_entry(rec.value, signer)
+        if entry is None:
+            on_skip(reason or "invalid")
+            continue
+        if entry.group == cfg.group_id and entry.topic == cfg.topic and entry.partition == tp.partition:
+            plan.add(entry)
+            read += 1
+    if finished_from is not None and finished_from < start:
+        plan.finished = await _finished_starts(reader, cfg, tp.partition, finished_from, start)
+    log.info("recovery.loaded", partition=tp.partition, start=start, replay_until=plan.replay_until,
+             journal_from=journal_from, journal_records=read, finished_scanned=len(plan.finished))
+    return plan.seal()
+
+
+async def _finished_starts(
+    reader: JournalReader, cfg: KafkaConfig, partition: int, start: int, end: int
+) -> list[tuple[str, int]]:
+    """Conversations that started in [start, end) of the source: every one has finished, since
+    ``end`` is a commit offset (the first offset of the oldest conversation still open)."""
+    out: list[tuple[str, int]] = []
+    async for rec in reader.records(cfg.topic, partition, start, end):
+        try:
+            ev = decode_event(rec.value, rec.key, max_bytes=cfg.max_record_bytes)
+        except DecodeError:
+            continue
+        if ev.seq == 0 and ev.type == "message":
+            out.append((ev.conversation_id, rec.offset))
+    return out

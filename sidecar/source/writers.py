@@ -15,6 +15,7 @@ from aiokafka.helpers import create_ssl_context
 
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import SourceRecord
+from sidecar.source.journal_entry import JournalSigner
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
 log = structlog.get_logger(__name__)
@@ -22,6 +23,39 @@ log = structlog.get_logger(__name__)
 BACKOFF_INITIAL_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
 MAX_DETAIL_BYTES = 1024
+# A results record larger than this is written with its outcome replaced by an error marker:
+# brokers refuse records over message.max.bytes (1 MiB by default), and one refused record would
+# otherwise pin its partition's commit point forever.
+MAX_RESULT_BYTES = 512 * 1024
+# Transient write failures (a broker restarting) only make the sidecar unready once they have
+# lasted this long; a permanent one (authorisation, a record the broker refuses) at once.
+UNHEALTHY_AFTER_SECONDS = 30.0
+
+
+class WriteHealth:
+    """Whether writes to Kafka are getting through, for ``/readyz`` (shared by both writers)."""
+
+    def __init__(self) -> None:
+        self._failing_since: float | None = None
+        self._permanent = False
+        self._error = ""
+
+    def ok(self) -> None:
+        self._failing_since = None
+        self._permanent = False
+
+    def failed(self, exc: BaseException, *, permanent: bool) -> None:
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        self._permanent = self._permanent or permanent
+        self._error = type(exc).__name__
+
+    def status(self) -> tuple[bool, str]:
+        if self._failing_since is None:
+            return True, "ok"
+        age = time.monotonic() - self._failing_since
+        healthy = not self._permanent and age < UNHEALTHY_AFTER_SECONDS
+        return healthy, f"{self._error} for {age:.0f}s"
 
 
 def client_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
@@ -57,37 +91,72 @@ def make_producer(cfg: KafkaConfig) -> AIOKafkaProducer:
 async def _send_until_acked(
     producer: AIOKafkaProducer,
     metrics: StreamMetrics,
+    health: WriteHealth,
     what: str,
     **send_kwargs: Any,
 ) -> Any:
     """Send one record, retrying with capped, jittered backoff until the brokers acknowledge it.
 
     Outages are waited out rather than turned into loss: the partition's pending-effect bound
-    then stops consumption, which is the backpressure the operator sees in the lag metric.
+    then stops consumption, which is the backpressure the operator sees in the lag metric. A
+    permanent error (authorisation, an unknown topic) is retried too, slowly, since dropping the
+    record would lose an effect, but it makes the sidecar unready at once, with the error named.
+    A record the broker refuses for its size is the caller's to shrink: that error propagates.
     """
     delay = BACKOFF_INITIAL_SECONDS
     while True:
         try:
             fut = await producer.send(**send_kwargs)
-            return await fut
+            md = await fut
         except MessageSizeTooLargeError:
             raise
         except KafkaError as exc:
-            metrics.results_write_errors.inc()
+            permanent = not exc.retriable
+            metrics.results_write_errors.labels("permanent" if permanent else "retryable").inc()
+            health.failed(exc, permanent=permanent)
             log.warning("kafka.write_failed", target=what, error=type(exc).__name__, retry_in_seconds=delay)
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+        else:
+            health.ok()
+            return md
+
+
+async def flush_producer(producer: AIOKafkaProducer, timeout_seconds: float) -> bool:
+    """Wait until every record handed to ``producer`` is acknowledged or failed; False on timeout."""
+    try:
+        await asyncio.wait_for(producer.flush(), timeout_seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+def encode_result(record: dict[str, Any], metrics: StreamMetrics) -> bytes:
+    """The record's bytes; an outcome too large to be written is replaced by an error marker."""
+    value = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(value) <= MAX_RESULT_BYTES:
+        return value
+    metrics.results_write_errors.labels("oversized").inc()
+    log.warning("kafka.result_too_large", kind=record.get("kind"), size_bytes=len(value))
+    shrunk = {**record, "outcome": {"error": "result_too_large", "bytes": len(value)}}
+    return json.dumps(shrunk, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 class KafkaResultsWriter:
     """Appends hook outcomes to the results topic; the partition is ``source % partitions``."""
 
-    def __init__(self, producer: AIOKafkaProducer, cfg: KafkaConfig, metrics: StreamMetrics) -> None:
+    def __init__(
+        self, producer: AIOKafkaProducer, cfg: KafkaConfig, metrics: StreamMetrics, signer: JournalSigner
+    ) -> None:
         self._producer = producer
         self._cfg = cfg
         self._metrics = metrics
+        self._signer = signer
+        self.write_health = WriteHealth()
         self._partitions: int | None = None
-        self._retries: set[asyncio.Task[None]] = set()
+        # Resend loops of failed writes, per source partition, so that giving one partition up
+        # (revoke) stops its resends without touching the others'.
+        self._retries: dict[int, set[asyncio.Task[None]]] = {}
 
     async def partition_count(self) -> int:
         if self._partitions is None:
@@ -101,9 +170,10 @@ class KafkaResultsWriter:
         n = self._partitions or await self.partition_count()
         record["group"] = self._cfg.group_id
         record["topic"] = self._cfg.topic
+        self._signer.sign(record)
         kwargs = {
             "topic": self._cfg.results_topic,
-            "value": json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8"),
+            "value": encode_result(record, self._metrics),
             "key": conversation_id.encode("utf-8"),
             "partition": source_partition % n,
         }
@@ -111,31 +181,52 @@ class KafkaResultsWriter:
         try:
             sent = await self._producer.send(**kwargs)
         except KafkaError:
-            self._retry(done, kwargs)
+            self._retry(source_partition, done, kwargs)
             return done
 
         def on_ack(f: asyncio.Future[Any]) -> None:
+            if done.done():
+                return
             if f.cancelled() or f.exception() is not None:
-                self._retry(done, kwargs)
-            elif not done.done():
+                self._retry(source_partition, done, kwargs)
+            else:
+                self.write_health.ok()
                 done.set_result(int(f.result().offset))
 
         sent.add_done_callback(on_ack)
         return done
 
-    def _retry(self, done: asyncio.Future[int], kwargs: dict[str, Any]) -> None:
+    def _retry(self, source_partition: int, done: asyncio.Future[int], kwargs: dict[str, Any]) -> None:
         """Slow path: a send failed; resend with backoff until acknowledged."""
-        self._metrics.results_write_errors.inc()
 
         async def resend() -> None:
-            md = await _send_until_acked(self._producer, self._metrics, "results", **kwargs)
+            try:
+                md = await _send_until_acked(self._producer, self._metrics, self.write_health, "results", **kwargs)
+            except MessageSizeTooLargeError as exc:
+                # The broker's limit is below ours: record the effect as an error marker instead.
+                self.write_health.failed(exc, permanent=False)
+                record = json.loads(kwargs["value"])
+                small = {**record, "outcome": {"error": "result_too_large", "bytes": len(kwargs["value"])}}
+                small_kwargs = {**kwargs, "value": json.dumps(small, separators=(",", ":")).encode()}
+                md = await _send_until_acked(
+                    self._producer, self._metrics, self.write_health, "results", **small_kwargs
+                )
             if not done.done():
                 done.set_result(int(md.offset))
 
         task = asyncio.ensure_future(resend())
-        self._retries.add(task)
-        task.add_done_callback(self._retries.discard)
+        tasks = self._retries.setdefault(source_partition, set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
         done.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
+
+    async def flush(self, source_partition: int, timeout_seconds: float) -> bool:
+        for task in list(self._retries.pop(source_partition, ())):
+            task.cancel()
+        return await flush_producer(self._producer, timeout_seconds)
+
+    def health(self) -> tuple[bool, str]:
+        return self.write_health.status()
 
     async def append(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> int:
         """Submit and wait for the acknowledgement."""
@@ -145,10 +236,13 @@ class KafkaResultsWriter:
 class KafkaDeadLetterWriter:
     """Copies rejected records to the dead-letter topic with the reason in headers."""
 
-    def __init__(self, producer: AIOKafkaProducer, cfg: KafkaConfig, metrics: StreamMetrics) -> None:
+    def __init__(
+        self, producer: AIOKafkaProducer, cfg: KafkaConfig, metrics: StreamMetrics, health: WriteHealth
+    ) -> None:
         self._producer = producer
         self._cfg = cfg
         self._metrics = metrics
+        self._health = health
 
     async def dead_letter(self, record: SourceRecord, reason: str, detail: str) -> None:
         headers = [
@@ -161,7 +255,7 @@ class KafkaDeadLetterWriter:
         ]
         try:
             await _send_until_acked(
-                self._producer, self._metrics, "dead_letter",
+                self._producer, self._metrics, self._health, "dead_letter",
                 topic=self._cfg.dead_letter_topic, value=record.value, key=record.key, headers=headers,
             )
         except MessageSizeTooLargeError:
@@ -170,6 +264,6 @@ class KafkaDeadLetterWriter:
             size = len(record.value or b"")
             headers.append(("dlq.value_dropped_bytes", str(size).encode()))
             await _send_until_acked(
-                self._producer, self._metrics, "dead_letter",
+                self._producer, self._metrics, self._health, "dead_letter",
                 topic=self._cfg.dead_letter_topic, value=None, key=(record.key or b"")[:1024], headers=headers,
             )

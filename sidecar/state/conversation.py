@@ -1,4 +1,4 @@
-"""One open conversation, kept compact: the budget is ~2 KB per conversation beyond its text."""
+"""One open conversation, kept compact: about 1 KB of bookkeeping beyond its messages."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ class Conversation:
     only commit below the smallest ``first_offset`` of its open conversations, so a restart can
     rebuild this conversation by re-reading from there. ``journal_start`` is the results-topic
     offset at which this conversation's journaled outcomes begin (see ``sidecar.source.processor``).
+    ``opened_at_unix`` is the Kafka timestamp of that first record (wall clock, durable across
+    restarts: the lifetime bound must not restart with the process). ``mem_bytes`` is the
+    estimated memory its messages hold (:func:`sidecar.state.memory.message_bytes`).
     """
 
     __slots__ = (
@@ -24,9 +27,10 @@ class Conversation:
         "first_offset",
         "journal_start",
         "last_activity",
+        "mem_bytes",
         "messages",
+        "opened_at_unix",
         "tenant",
-        "text_bytes",
         "turns",
     )
 
@@ -39,6 +43,7 @@ class Conversation:
         first_offset: int,
         journal_start: int,
         now: float,
+        opened_at_unix: float,
     ) -> None:
         self.conversation_id = conversation_id
         self.agent = agent
@@ -50,8 +55,9 @@ class Conversation:
         self.event_hashes = array("q")
         self.turns = 0
         self.closed_through = 0
-        self.text_bytes = 0
+        self.mem_bytes = 0
         self.last_activity = now
+        self.opened_at_unix = opened_at_unix
 
     @property
     def next_seq(self) -> int:

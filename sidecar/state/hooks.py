@@ -29,7 +29,7 @@ from sidecar.transcript.model import Message
 HookKind = Literal["user_message", "turn_closed", "conversation_ended"]
 HOOK_KINDS: tuple[HookKind, ...] = ("user_message", "turn_closed", "conversation_ended")
 
-EndReason = Literal["end_event", "idle_ttl", "evicted", "shutdown"]
+EndReason = Literal["end_event", "idle_ttl", "max_lifetime", "evicted", "shutdown"]
 CloseReason = Literal["next_user_message", "idle_debounce", "conversation_end"]
 
 Outcome = Mapping[str, Any]

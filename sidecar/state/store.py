@@ -9,12 +9,21 @@ Invariants (tested with Hypothesis):
 
 * a conversation's messages are exactly the events with seq 0..n-1, in order, each once;
 * every trigger key ``(conversation, turn, kind)`` is produced at most once;
-* the number of conversations and the bytes of text stay within the configured caps;
+* the number of conversations stays within its cap, one conversation's memory within
+  ``max_conversation_bytes``, and the partition's memory within its share of the process budget
+  whenever that budget is exceeded (see :class:`~sidecar.state.memory.MemoryBudget`);
 * ``conversation_ended`` is produced exactly once per conversation that was opened.
+
+Finished conversations are remembered by *start* order: the memory holds every finished
+conversation whose first record is at or after :meth:`PartitionState.finished_from` (at most
+``finished_memory`` of them). Every conversation that started before the commit point's offset has
+finished, so a restarted partition rebuilds exactly this memory by scanning the source from
+``finished_from`` to the commit offset for conversation starts (:meth:`remember_finished`).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +32,13 @@ from sidecar.events import Event
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
 from sidecar.state.hooks import CloseReason, EndReason, HookKind
+from sidecar.state.memory import (
+    CONVERSATION_OVERHEAD_BYTES,
+    FINISHED_ENTRY_OVERHEAD_BYTES,
+    MemoryBudget,
+    id_bytes,
+    message_bytes,
+)
 
 
 class Rejected(Exception):
@@ -58,8 +74,10 @@ def trigger_key(conversation_id: str, turn: int, kind: HookKind) -> tuple[str, i
 class PartitionState:
     """All open conversations of one partition."""
 
-    def __init__(self, config: StateConfig) -> None:
+    def __init__(self, config: StateConfig, budget: MemoryBudget | None = None) -> None:
         self._cfg = config
+        self._budget = budget if budget is not None else MemoryBudget(config.max_memory_bytes)
+        self._budget.join()
         # Insertion order is open order, hence first_offset order: the first entry bounds the
         # committable low-watermark.
         self.conversations: dict[str, Conversation] = {}
@@ -67,10 +85,21 @@ class PartitionState:
         self._lru: OrderedDict[str, None] = OrderedDict()
         # Conversations whose open turn waits for the debounce, oldest deadline first.
         self._debounce: OrderedDict[str, float] = OrderedDict()
-        # Recently finished conversations (bounded, oldest forgotten first).
-        self._finished: OrderedDict[str, None] = OrderedDict()
-        self.text_bytes = 0
+        # Finished conversations by start offset: id -> first offset, and a min-heap to forget the
+        # earliest-started first.
+        self._finished: dict[str, int] = {}
+        self._finished_heap: list[tuple[int, str]] = []
+        self.mem_bytes = 0
         self.evicted = 0
+
+    def close(self) -> None:
+        """Hand this partition's bytes back to the process budget (the partition was given up)."""
+        self._budget.leave(self.mem_bytes)
+        self.mem_bytes = 0
+
+    def _add_bytes(self, n: int) -> None:
+        self.mem_bytes += n
+        self._budget.add(n)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -81,10 +110,25 @@ class PartitionState:
         """The open conversation with the smallest first offset."""
         return next(iter(self.conversations.values()), None)
 
+    def finished_from(self) -> int | None:
+        """The first offset of the earliest-started conversation the finished memory holds."""
+        return self._finished_heap[0][0] if self._finished_heap else None
+
+    def is_finished(self, conversation_id: str) -> bool:
+        return conversation_id in self._finished
+
     # -- events ----------------------------------------------------------------------------
 
-    def apply(self, event: Event, offset: int, now: float, journal_pos: int) -> list[Trigger]:
-        """Apply one event; return the triggers it causes or raise :class:`Rejected`."""
+    def apply(
+        self, event: Event, offset: int, now: float, journal_pos: int, opened_at_unix: float = 0.0
+    ) -> list[Trigger]:
+        """Apply one event; return the triggers it causes or raise :class:`Rejected`.
+
+        ``opened_at_unix`` is the record's Kafka timestamp: used as the conversation's start time
+        when this event opens it (the lifetime bound).
+        """
+        cfg = self._cfg
+        size = message_bytes(event.message) if event.message is not None else 0
         conv = self.conversations.get(event.conversation_id)
         if conv is None:
             if event.conversation_id in self._finished:
@@ -95,6 +139,8 @@ class PartitionState:
                 )
             if event.type == "conversation_end":
                 raise Rejected("empty_conversation", "conversation_end for a conversation with no message")
+            if size > cfg.max_conversation_bytes:
+                raise Rejected("conversation_too_large", f"message of {size} bytes over {cfg.max_conversation_bytes}")
             conv = Conversation(
                 event.conversation_id,
                 agent=event.agent,
@@ -102,20 +148,24 @@ class PartitionState:
                 first_offset=offset,
                 journal_start=journal_pos,
                 now=now,
+                opened_at_unix=opened_at_unix,
             )
             self.conversations[event.conversation_id] = conv
+            self._add_bytes(CONVERSATION_OVERHEAD_BYTES + id_bytes(event.conversation_id))
         else:
             self._check_order(conv, event)
         if event.type == "conversation_end":
             return self._finish(conv, "end_event")
         assert event.message is not None  # guaranteed by the decoder
-        if len(conv.messages) >= self._cfg.max_messages_per_conversation:
-            raise Rejected("conversation_too_long", f"over {self._cfg.max_messages_per_conversation} messages")
+        if len(conv.messages) >= cfg.max_messages_per_conversation:
+            raise Rejected("conversation_too_long", f"over {cfg.max_messages_per_conversation} messages")
+        if conv.mem_bytes + size > cfg.max_conversation_bytes:
+            raise Rejected("conversation_too_large", f"over {cfg.max_conversation_bytes} bytes of state")
         triggers: list[Trigger] = []
         conv.messages.append(event.message)
         conv.event_hashes.append(hash(event.event_id))
-        conv.text_bytes += event.text_bytes
-        self.text_bytes += event.text_bytes
+        conv.mem_bytes += size
+        self._add_bytes(size)
         conv.last_activity = now
         self._lru[conv.conversation_id] = None
         self._lru.move_to_end(conv.conversation_id)
@@ -126,7 +176,7 @@ class PartitionState:
             conv.turns += 1
             triggers.append(Trigger("user_message", conv, conv.turns, len(conv.messages)))
         elif conv.awaiting_user:
-            self._debounce[conv.conversation_id] = now + self._cfg.turn_debounce_seconds
+            self._debounce[conv.conversation_id] = now + cfg.turn_debounce_seconds
         triggers.extend(self._enforce_caps(protect=conv.conversation_id))
         return triggers
 
@@ -144,8 +194,9 @@ class PartitionState:
 
     # -- time ------------------------------------------------------------------------------
 
-    def due(self, now: float) -> list[Trigger]:
-        """Triggers caused by the passage of time: debounced turn closes, then idle expiry."""
+    def due(self, now: float, wall_now: float | None = None) -> list[Trigger]:
+        """Triggers caused by the passage of time: debounced turn closes, idle expiry, the lifetime
+        bound (when ``wall_now`` is given), and eviction when the process budget is exceeded."""
         out: list[Trigger] = []
         while self._debounce:
             cid, deadline = next(iter(self._debounce.items()))
@@ -162,6 +213,16 @@ class PartitionState:
             if conv.last_activity > cutoff:
                 break
             out.extend(self._finish(conv, "idle_ttl"))
+        if wall_now is not None:
+            # Open order is start order (up to producers' clock skew): the front is the one that
+            # pins the commit point, so it is the one that must not outlive the bound.
+            born_before = wall_now - self._cfg.max_conversation_lifetime_seconds
+            while self.conversations:
+                conv = next(iter(self.conversations.values()))
+                if conv.opened_at_unix > born_before:
+                    break
+                out.extend(self._finish(conv, "max_lifetime"))
+        out.extend(self._enforce_caps(protect=None))
         return out
 
     # -- transitions replayed from the journal ---------------------------------------------
@@ -179,6 +240,12 @@ class PartitionState:
         if conv is not None:
             self._finish(conv, "idle_ttl")
 
+    def remember_finished(self, conversation_id: str, first_offset: int) -> None:
+        """Rebuild the finished memory after a restart: this conversation started at
+        ``first_offset``, before the commit point, so it has finished."""
+        if conversation_id not in self.conversations:
+            self._forget_over_capacity(conversation_id, first_offset)
+
     # -- internals -------------------------------------------------------------------------
 
     def _close(self, conv: Conversation, reason: CloseReason, message_count: int) -> Trigger:
@@ -194,23 +261,33 @@ class PartitionState:
         del self.conversations[cid]
         self._lru.pop(cid, None)
         self._debounce.pop(cid, None)
-        self.text_bytes -= conv.text_bytes
-        if self._cfg.finished_memory:
-            self._finished[cid] = None
-            if len(self._finished) > self._cfg.finished_memory:
-                self._finished.popitem(last=False)
+        self._add_bytes(-(conv.mem_bytes + CONVERSATION_OVERHEAD_BYTES + id_bytes(cid)))
+        self._forget_over_capacity(cid, conv.first_offset)
         return out
 
-    def _enforce_caps(self, protect: str) -> Iterator[Trigger]:
+    def _forget_over_capacity(self, cid: str, first_offset: int) -> None:
+        """Remember ``cid`` as finished; past ``finished_memory`` forget the earliest-started."""
+        if not self._cfg.finished_memory or cid in self._finished:
+            return
+        self._finished[cid] = first_offset
+        heapq.heappush(self._finished_heap, (first_offset, cid))
+        self._add_bytes(FINISHED_ENTRY_OVERHEAD_BYTES + id_bytes(cid))
+        while len(self._finished) > self._cfg.finished_memory:
+            _, old = heapq.heappop(self._finished_heap)
+            if self._finished.pop(old, None) is not None:
+                self._add_bytes(-(FINISHED_ENTRY_OVERHEAD_BYTES + id_bytes(old)))
+
+    def _enforce_caps(self, protect: str | None) -> Iterator[Trigger]:
         cfg = self._cfg
-        while (
+        budget = self._budget
+        while self._lru and (
             len(self.conversations) > cfg.max_conversations_per_partition
-            or self.text_bytes > cfg.max_text_bytes_per_partition
-        ) and self._lru:
+            or (budget.over and self.mem_bytes > budget.share_bytes)
+        ):
             cid = next(iter(self._lru))
-            if cid == protect and len(self._lru) == 1:
-                break
             if cid == protect:
+                if len(self._lru) == 1:
+                    break
                 self._lru.move_to_end(cid)
                 continue
             self.evicted += 1

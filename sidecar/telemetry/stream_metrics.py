@@ -33,11 +33,33 @@ class StreamMetrics:
         )
         self.conversations_ended = Counter(
             "sidecar_conversations_finalised_total",
-            "Conversations finalised, by reason (end_event, idle_ttl, evicted).",
+            "Conversations finalised, by reason (end_event, idle_ttl, max_lifetime, evicted).",
             ["reason"], registry=registry,
         )
-        self.text_bytes = Gauge(
-            "sidecar_conversation_text_bytes", "Bytes of message text held in memory.", registry=registry,
+        self.state_bytes = Gauge(
+            "sidecar_state_memory_bytes",
+            "Estimated bytes held by conversation state, all partitions (bounded by state.max_memory_bytes).",
+            registry=registry,
+        )
+        self.commit_age = Gauge(
+            "sidecar_commit_age_seconds",
+            "Longest time a partition with uncommitted records has kept the same committed offset.",
+            registry=registry,
+        )
+        self.oldest_conversation_age = Gauge(
+            "sidecar_oldest_conversation_age_seconds",
+            "Age of the oldest open conversation (from its first record's Kafka timestamp).",
+            registry=registry,
+        )
+        self.oldest_effect_age = Gauge(
+            "sidecar_oldest_pending_effect_seconds",
+            "How long the oldest effect still pinning a commit point has been pending.",
+            registry=registry,
+        )
+        self.journal_skipped = Counter(
+            "sidecar_journal_records_skipped_total",
+            "Results-topic records ignored during recovery, by reason (invalid, unsigned, bad_signature).",
+            ["reason"], registry=registry,
         )
         self.processing_seconds = Histogram(
             "sidecar_event_processing_seconds",
@@ -65,7 +87,15 @@ class StreamMetrics:
             registry=registry,
         )
         self.results_write_errors = Counter(
-            "sidecar_results_write_errors_total", "Failed writes to the results topic (retried).",
+            "sidecar_results_write_errors_total",
+            "Failed writes to the results or dead-letter topic, by kind: retryable and permanent (both retried), "
+            "oversized (the outcome was replaced by an error marker).",
+            ["kind"], registry=registry,
+        )
+        self.release_unflushed = Counter(
+            "sidecar_release_unflushed_total",
+            "Partitions given up (revoke, shutdown) while journal writes were still unacknowledged: "
+            "an effect may then be recorded twice.",
             registry=registry,
         )
         self.commits = Counter(

@@ -120,7 +120,7 @@ async def test_consume_dead_letter_and_commit(kafka: str, tmp_path: Path, runnin
     assert commits, "nothing committed"
     for offset, meta in commits.values():
         parsed = parse_metadata(meta)
-        assert parsed is not None and parsed[0] == offset  # nothing open: low-watermark == processed
+        assert parsed is not None and parsed.processed_until == offset  # nothing open: low-watermark == processed
 
 
 async def test_clean_restart_resumes_open_conversation(kafka: str, tmp_path: Path, running: list[Running]) -> None:
@@ -137,7 +137,7 @@ async def test_clean_restart_resumes_open_conversation(kafka: str, tmp_path: Pat
     assert len(with_data) == 1
     offset, parsed = with_data[0]
     assert offset == 0  # the conversation is still open: commit its first offset...
-    assert parsed is not None and parsed[0] == 2  # ...and say both records were processed
+    assert parsed is not None and parsed.processed_until == 2  # ...and say both records were processed
 
     await produce_raw(kafka, topic, [msg("x", 2, "user"), end("x", 3)])
     r2 = Running(cfg)
@@ -173,11 +173,11 @@ async def test_slow_hooks_pause_partitions_then_catch_up(kafka: str, tmp_path: P
     r = Running(cfg, hooks)
     running.append(r)
     await r.wait_for("sidecar_partitions_paused", 4)  # every partition stopped fetching
-    # per partition: max_pending effects in flight plus the one record waiting for room
-    await r.wait_for("sidecar_events_consumed_total", 4 * (4 + 1))
+    # per partition: max_pending effects in flight; the next record waits for room before it is applied
+    await r.wait_for("sidecar_events_consumed_total", 4 * 4)
     await asyncio.sleep(1.5)
     consumed = r.metric("sidecar_events_consumed_total")
-    assert consumed == 4 * (4 + 1)
+    assert consumed == 4 * 4
     assert r.metric("sidecar_events_consumed_total") == consumed  # paused: nothing more is taken
     hooks.gate.set()
     await r.wait_for("sidecar_hooks_fired_total", 400, kind="user_message")
@@ -231,7 +231,7 @@ async def test_transient_errors_during_recovery_are_retried(
 ) -> None:
     from aiokafka.errors import KafkaConnectionError
 
-    import sidecar.source.kafka as source_kafka
+    import sidecar.source.worker as source_worker
     from sidecar.source.recovery import load_recovery as real
     failures = {"left": 3}
 
@@ -241,8 +241,8 @@ async def test_transient_errors_during_recovery_are_retried(
             raise KafkaConnectionError("broker went away")
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr("sidecar.source.kafka.load_recovery", flaky)
-    monkeypatch.setattr(source_kafka, "RECOVERY_BACKOFF_INITIAL_SECONDS", 0.05)
+    monkeypatch.setattr("sidecar.source.worker.load_recovery", flaky)
+    monkeypatch.setattr(source_worker, "RECOVERY_BACKOFF_INITIAL_SECONDS", 0.05)
     topic = "src5"
     await produce_raw(kafka, topic, [msg("r", 0, "user")])
     r = Running(config(tmp_path, kafka, topic))

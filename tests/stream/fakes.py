@@ -40,16 +40,42 @@ def record(offset: int, ev: dict[str, Any] | bytes, *, key: bytes | None = None)
 
 @dataclass
 class FakeJournal:
-    """Results topic + dead-letter topic of one partition."""
+    """Results topic + dead-letter topic of one partition.
+
+    With ``ack_delay`` a submitted record lands (is appended and acknowledged) only that many
+    seconds later, like a write in flight in a producer: a record that lands after a new owner read
+    the journal is what a missing flush on revoke would turn into a duplicate.
+    """
 
     results: list[dict[str, Any]] = field(default_factory=list)
     dead: list[tuple[int, str]] = field(default_factory=list)
+    ack_delay: float = 0.0
+    _in_flight: set[asyncio.Future[int]] = field(default_factory=set)
 
     async def submit(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> asyncio.Future[int]:
-        self.results.append(record)
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        fut.set_result(len(self.results) - 1)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        landed: asyncio.Future[int] = loop.create_future()
+        if self.ack_delay <= 0:
+            self.results.append(record)
+            fut.set_result(len(self.results) - 1)
+            return fut
+
+        def land() -> None:
+            self.results.append(record)
+            landed.set_result(len(self.results) - 1)
+            self._in_flight.discard(landed)
+            if not fut.done():
+                fut.set_result(len(self.results) - 1)
+
+        self._in_flight.add(landed)
+        loop.call_later(self.ack_delay, land)
         return fut
+
+    async def flush(self, source_partition: int, timeout_seconds: float) -> bool:
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight), timeout=timeout_seconds)
+        return not self._in_flight
 
     async def dead_letter(self, record: SourceRecord, reason: str, detail: str) -> None:
         self.dead.append((record.offset, reason))

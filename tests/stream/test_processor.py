@@ -4,6 +4,7 @@ crash at any point followed by recovery from (commit, journal) loses and repeats
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 from collections import Counter
@@ -218,4 +219,76 @@ EXAMPLES = int(os.environ.get("SIDECAR_HYPOTHESIS_EXAMPLES", "60"))
 async def test_crash_anywhere_loses_and_repeats_nothing(seed: int, crash_points: list[int], ticks: list[int]) -> None:
     recs, expected = conversation_records(12, seed)
     j = await run_with_crashes(recs, crash_points, ticks)
+    assert keys_of(j) == expected
+
+
+class JitteryHooks(RecordingHooks):
+    """Hooks whose effects take a random few milliseconds (a backlog of slow scorers), or none."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    async def _later(self, ctx: TurnContext, delay: float) -> Outcome:
+        await asyncio.sleep(delay)
+        return {"ok": True, "messages": len(ctx.messages)}
+
+    def _maybe_slow(self, ctx: TurnContext) -> Any:
+        if self.rng.random() < 0.3:
+            return self._record(ctx)
+        return self._later(ctx, self.rng.uniform(0.0, 0.01))
+
+    def on_user_message(self, ctx: TurnContext) -> Any:
+        return self._maybe_slow(ctx)
+
+    def on_turn_closed(self, ctx: TurnContext) -> Any:
+        return self._maybe_slow(ctx)
+
+    def on_conversation_ended(self, ctx: TurnContext) -> Any:
+        return self._maybe_slow(ctx)
+
+
+async def run_with_graceful_stops(recs: list[Rec], stops: list[float], seed: int, grace: float) -> FakeJournal:
+    """Feed ``recs`` while effects lag behind; at each stop time cancel the feeder wherever it is
+    (waiting for room, mid-record), release the partition as a revoke does, and resume a new owner
+    from the released commit point and the journal."""
+    j = FakeJournal(ack_delay=0.003)
+    hooks = JitteryHooks(seed)
+    commit: CommitPoint | None = None
+    for stop_after in [*stops, None]:
+        p = make(j, j.recovery(commit), hooks=hooks, max_pending=3)
+        start = commit.offset if commit else 0
+
+        async def feed(p: PartitionProcessor = p, start: int = start) -> None:
+            for r in recs[start:]:
+                await p.process(r, 0.0)
+
+        feeder = asyncio.create_task(feed())
+        if stop_after is None:
+            await feeder
+            assert await p.drain(5)
+            assert await j.flush(0, 5)
+            break
+        await asyncio.sleep(stop_after)
+        feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeder
+        commit = await p.release(grace, 5) or commit
+    return j
+
+
+@settings(max_examples=max(10, EXAMPLES // 3), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    stops=st.lists(st.floats(0.0, 0.05), max_size=4),
+    grace=st.sampled_from([0.0, 0.002, 0.05]),
+)
+async def test_graceful_stops_under_backlog_lose_and_repeat_nothing(
+    seed: int, stops: list[float], grace: float
+) -> None:
+    """Regression: a stop while the feeder waited for room used to commit past the record's
+    remaining hooks (lost effects), and writes still in flight at the stop used to land after the
+    next owner read the journal (duplicates)."""
+    recs, expected = conversation_records(10, seed)
+    j = await run_with_graceful_stops(recs, stops, seed, grace)
     assert keys_of(j) == expected

@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 
 from sidecar.events import Event
 from sidecar.state.config import StateConfig
+from sidecar.state.memory import CONVERSATION_OVERHEAD_BYTES, MemoryBudget, id_bytes, message_bytes
 from sidecar.state.store import PartitionState, Rejected, Trigger
 from sidecar.transcript.model import Message
 
 CFG = StateConfig(turn_debounce_seconds=5, idle_ttl_seconds=50, max_conversations_per_partition=4,
-                  max_text_bytes_per_partition=2000, max_messages_per_conversation=12)
+                  max_messages_per_conversation=12, max_conversation_bytes=4000, finished_memory=3,
+                  max_conversation_lifetime_seconds=1000)
+BUDGET_BYTES = 12_000
 
 
 def mk(cid: str, seq: int, role: str | None = "user", content: str = "hello", eid: str | None = None,
@@ -83,7 +86,7 @@ def test_order_and_idempotency_reasons() -> None:
 
 
 def test_caps_evict_least_recently_active_first() -> None:
-    s = PartitionState(CFG)
+    s = PartitionState(CFG, MemoryBudget(BUDGET_BYTES))
     for i in range(4):
         s.apply(mk(f"c{i}", 0), i, i, 0)
     s.apply(mk("c0", 1, "assistant"), 4, 4, 0)  # c0 becomes the most recently active
@@ -91,10 +94,84 @@ def test_caps_evict_least_recently_active_first() -> None:
     assert [(t.conversation.conversation_id, t.kind, t.end_reason) for t in out if t.kind == "conversation_ended"] == [
         ("c1", "conversation_ended", "evicted")
     ]
-    big = "x" * 1995
-    out = s.apply(mk("c9", 1, "assistant", big), 6, 6, 0)
-    assert s.text_bytes <= CFG.max_text_bytes_per_partition
+    big = "x" * 3000
+    s.apply(mk("c9", 1, "assistant", big), 6, 6, 0)
+    s.apply(mk("c0", 2, "user", big), 7, 7, 0)
+    s.apply(mk("c2", 1, "assistant", big), 8, 8, 0)
+    assert s.mem_bytes <= BUDGET_BYTES
     assert s.evicted >= 2
+
+
+def test_memory_counts_allocations_not_text_length() -> None:
+    """Regression: the cap counted UTF-8 text bytes, so wide characters and many small messages held
+    several times the configured bytes. A string of emoji costs 4 bytes per character in CPython."""
+    s = PartitionState(CFG, MemoryBudget(10**9))
+    s.apply(mk("c", 0, "user", "\U0001f600" * 500), 0, 0, 0)
+    assert s.mem_bytes >= 4 * 500
+    expected = CONVERSATION_OVERHEAD_BYTES + id_bytes("c") + message_bytes(s.conversations["c"].messages[0])
+    assert s.mem_bytes == expected
+
+
+def test_one_conversation_cannot_outgrow_its_cap() -> None:
+    """Regression: the conversation being applied was never evicted, so one conversation held 9.5 MiB
+    under a 1 MiB cap. Now its own bytes are capped and further messages are dead-lettered."""
+    s = PartitionState(CFG, MemoryBudget(10**9))
+    s.apply(mk("c", 0, "user", "x" * 1500), 0, 0, 0)
+    s.apply(mk("c", 1, "assistant", "x" * 1500), 1, 0, 0)
+    with pytest.raises(Rejected, match="conversation_too_large"):
+        s.apply(mk("c", 2, "user", "x" * 1500), 2, 0, 0)
+    assert s.conversations["c"].mem_bytes <= CFG.max_conversation_bytes
+    with pytest.raises(Rejected, match="conversation_too_large"):
+        s.apply(mk("big", 0, "user", "x" * 5000), 3, 0, 0)
+    assert "big" not in s.conversations  # nothing half-opened
+
+
+def test_budget_is_shared_and_each_partition_evicts_down_to_its_share() -> None:
+    budget = MemoryBudget(BUDGET_BYTES)
+    a, b = PartitionState(CFG, budget), PartitionState(CFG, budget)
+    for i in range(3):
+        a.apply(mk(f"a{i}", 0, "user", "x" * 2500), i, i, 0)
+    assert budget.used_bytes == a.mem_bytes
+    b.apply(mk("b0", 0, "user", "x" * 2500), 0, 10, 0)  # b is under its share: it does not evict
+    assert b.evicted == 0 and budget.over
+    a.due(11)  # a is over its share: its sweep evicts until the total is back under the limit
+    assert not budget.over and a.evicted >= 1
+    assert budget.used_bytes == a.mem_bytes + b.mem_bytes
+    a.close()
+    assert budget.used_bytes == b.mem_bytes and budget.partitions == 1
+
+
+def test_lifetime_bound_finalises_the_oldest_even_when_active() -> None:
+    """Regression: a conversation sending an event every 29 minutes never idled out and pinned the
+    commit point at its first offset forever."""
+    s = PartitionState(CFG)
+    s.apply(mk("old", 0), 0, 0, 0, opened_at_unix=1_000.0)
+    s.apply(mk("new", 0), 1, 0, 0, opened_at_unix=1_900.0)
+    s.apply(mk("old", 1, "tool"), 2, 40, 0)  # still active (a tool answer: no debounce)
+    assert kinds(s.due(45, wall_now=1_999.0)) == []
+    out = s.due(45, wall_now=2_001.0)
+    assert [(t.conversation.conversation_id, t.kind, t.end_reason) for t in out] == [
+        ("old", "turn_closed", None), ("old", "conversation_ended", "max_lifetime")
+    ]
+    assert s.oldest() is not None and s.oldest().conversation_id == "new"  # type: ignore[union-attr]
+    with pytest.raises(Rejected, match="conversation_finished"):
+        s.apply(mk("old", 2, "user"), 3, 46, 0)
+
+
+def test_finished_memory_is_by_start_order_and_can_be_rebuilt() -> None:
+    s = PartitionState(CFG)
+    for i, cid in enumerate(["a", "b", "c", "d"]):
+        s.apply(mk(cid, 0), i, 0, 0)
+    for i, cid in enumerate(["d", "a", "c", "b"]):  # finish in another order than they started
+        s.apply(mk(cid, 1, end=True), 10 + i, 0, 0)
+    # capacity 3: the earliest-started ("a", offset 0) is forgotten, whatever the finish order
+    assert [c for c in "abcd" if s.is_finished(c)] == ["b", "c", "d"]
+    assert s.finished_from() == 1
+    rebuilt = PartitionState(CFG)
+    for cid, first in [("a", 0), ("b", 1), ("c", 2), ("d", 3)]:
+        rebuilt.remember_finished(cid, first)
+    assert [c for c in "abcd" if rebuilt.is_finished(c)] == ["b", "c", "d"]
+    assert rebuilt.finished_from() == 1
 
 
 def test_too_long_conversation_is_rejected_not_grown() -> None:
@@ -108,7 +185,7 @@ def test_too_long_conversation_is_rejected_not_grown() -> None:
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("ev"), st.sampled_from("abcdef"), st.integers(0, 6),
-                  st.sampled_from(["user", "assistant", "tool", "system", "end"]), st.integers(0, 900),
+                  st.sampled_from(["user", "assistant", "tool", "system", "end"]), st.integers(0, 2500),
                   st.booleans()),
         st.tuples(st.just("time"), st.integers(1, 30)),
     ),
@@ -119,7 +196,8 @@ ops = st.lists(
 @settings(max_examples=400, deadline=None)
 @given(ops)
 def test_invariants_hold_under_arbitrary_event_sequences(script: list[tuple[Any, ...]]) -> None:
-    s = PartitionState(CFG)
+    budget = MemoryBudget(BUDGET_BYTES)
+    s = PartitionState(CFG, budget)
     now = 0.0
     offset = 0
     opened: Counter[str] = Counter()
@@ -159,9 +237,14 @@ def test_invariants_hold_under_arbitrary_event_sequences(script: list[tuple[Any,
         offset += 1
         take(ts)
         assert len(s) <= CFG.max_conversations_per_partition
-        assert s.text_bytes == sum(c.text_bytes for c in s.conversations.values())
+        assert budget.used_bytes == s.mem_bytes
+        held = sum(c.mem_bytes + CONVERSATION_OVERHEAD_BYTES + id_bytes(c.conversation_id)
+                   for c in s.conversations.values())
+        assert s.mem_bytes >= held  # the rest is the finished memory
+        for conv in s.conversations.values():
+            assert conv.mem_bytes <= CFG.max_conversation_bytes
         if len(s) > 1:
-            assert s.text_bytes <= CFG.max_text_bytes_per_partition
+            assert s.mem_bytes <= BUDGET_BYTES + 3 * 400  # plus at most the finished memory's entries
         for c_id, conv in s.conversations.items():
             assert model[c_id] == list(range(len(conv.messages)))
             assert conv.closed_through <= conv.turns

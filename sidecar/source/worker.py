@@ -1,0 +1,152 @@
+"""One owned source partition: its bounded queue of fetched batches, recovery, and processing loop."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+
+from sidecar.source.journal import CommitPoint, Recovery
+from sidecar.source.processor import PartitionProcessor
+from sidecar.source.recovery import load_recovery
+
+if TYPE_CHECKING:
+    from sidecar.source.kafka import KafkaEventSource
+
+log = structlog.get_logger(__name__)
+
+RECOVERY_BACKOFF_INITIAL_SECONDS = 0.5
+RECOVERY_BACKOFF_MAX_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableRecord:
+    """A source record the Kafka client could not parse (e.g. a header key that is not UTF-8).
+
+    Only its position is known; it is dead-lettered as ``unreadable_record`` with that position in
+    the headers, so that nothing is silently skipped."""
+
+    topic: str
+    partition: int
+    offset: int
+    detail: str
+    key: bytes | None = None
+    value: bytes | None = None
+    timestamp: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    records: Sequence[ConsumerRecord[bytes, bytes] | UnreadableRecord]
+    received_at: float
+    received_at_unix: float
+    size_bytes: int
+
+
+def batch_bytes(records: Sequence[ConsumerRecord[bytes, bytes]]) -> int:
+    return sum(len(r.value or b"") + len(r.key or b"") for r in records)
+
+
+class PartitionWorker:
+    """Feeds one partition's fetched batches to its :class:`PartitionProcessor`.
+
+    The queue is bounded twice: by batches and by bytes. ``offer`` never blocks the fetch loop;
+    when either bound is reached it keeps the batch aside and asks for the partition to be paused,
+    and the worker resumes it once it has caught up.
+    """
+
+    def __init__(self, tp: TopicPartition, source: KafkaEventSource) -> None:
+        self.tp = tp
+        self._source = source
+        self.queue: asyncio.Queue[Batch] = asyncio.Queue(maxsize=source.cfg.partition_queue_batches)
+        self.overflow: deque[Batch] = deque()
+        self.queued_bytes = 0
+        self.processor: PartitionProcessor | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.last_commit: CommitPoint | None = None
+        self.last_commit_changed_at = time.monotonic()
+        self.paused = False
+        # The offset after the last record handed to this worker: where fetching must resume if
+        # the client loses records it had already parsed (see KafkaEventSource._isolate_unreadable).
+        self.next_fetch: int | None = None
+
+    def offer(self, batch: Batch) -> bool:
+        """Queue a fetched batch; False means the partition must be paused."""
+        if batch.records:
+            self.next_fetch = batch.records[-1].offset + 1
+        self.queued_bytes += batch.size_bytes
+        over_bytes = self.queued_bytes > self._source.cfg.max_queued_bytes_per_partition
+        if self.overflow or self.queue.full():
+            self.overflow.append(batch)
+            return False
+        self.queue.put_nowait(batch)
+        return not over_bytes
+
+    async def _recover(self) -> Recovery:
+        """Load the recovery plan, waiting out transient Kafka errors (capped, jittered backoff)."""
+        src = self._source
+        delay = RECOVERY_BACKOFF_INITIAL_SECONDS
+        while True:
+            try:
+                return await load_recovery(
+                    src.consumer, src.journal_reader, src.cfg, self.tp, await src.results.partition_count(),
+                    src.signer, src.count_journal_skip,
+                )
+            except KafkaError as exc:
+                src.metrics.recovery_errors.inc()
+                log.warning("recovery.failed", partition=self.tp.partition, error=type(exc).__name__,
+                            retry_in_seconds=round(delay, 2))
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, RECOVERY_BACKOFF_MAX_SECONDS)
+
+    async def run(self) -> None:
+        src = self._source
+        with structlog.contextvars.bound_contextvars(partition=self.tp.partition):
+            recovery = await self._recover()
+            src.metrics.recoveries.inc()
+            self.processor = PartitionProcessor(
+                partition=self.tp.partition,
+                state_config=src.state_cfg,
+                hooks=src.hooks,
+                results=src.results,
+                dead_letters=src.dead_letters,
+                metrics=src.metrics,
+                recovery=recovery,
+                max_record_bytes=src.cfg.max_record_bytes,
+                max_pending=src.cfg.max_pending_effects_per_partition,
+                budget=src.budget,
+            )
+            sweep = src.state_cfg.sweep_interval_seconds
+            next_tick = time.monotonic() + sweep
+            while True:
+                timeout = max(0.0, next_tick - time.monotonic())
+                try:
+                    batch = await asyncio.wait_for(self.queue.get(), timeout)
+                except TimeoutError:
+                    batch = None
+                if batch is not None:
+                    for rec in batch.records:
+                        if isinstance(rec, UnreadableRecord):
+                            await self.processor.process_unreadable(rec)
+                        else:
+                            await self.processor.process(rec, batch.received_at, batch.received_at_unix)
+                    self.queued_bytes -= batch.size_bytes
+                    self._refill()
+                if time.monotonic() >= next_tick:
+                    await self.processor.tick()
+                    next_tick = time.monotonic() + sweep
+
+    def _refill(self) -> None:
+        while self.overflow and not self.queue.full():
+            self.queue.put_nowait(self.overflow.popleft())
+        room = self.queued_bytes <= self._source.cfg.max_queued_bytes_per_partition
+        if not self.overflow and room and self.paused:
+            self._source.set_paused(self, False)
