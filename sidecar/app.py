@@ -149,8 +149,11 @@ async def run_app(
         log.info("sidecar.stopped")
 
 
-def run_forever(config: SidecarConfig) -> int:
-    """``sidecar run``: run until SIGTERM/SIGINT."""
+def run_forever(config: SidecarConfig, hooks: ConversationHooks | None = None) -> int:
+    """``sidecar run``: run until SIGTERM/SIGINT, then stop gracefully (drain, flush, commit).
+
+    ``hooks`` replaces the configured hook set (the fault-injection tests run slow hooks in a
+    real process this way)."""
     configure_logging(config.logging, sys.stderr)
 
     async def main() -> None:
@@ -159,7 +162,7 @@ def run_forever(config: SidecarConfig) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        await run_app(config, stop=stop)
+        await run_app(config, stop=stop, hooks=hooks)
 
     asyncio.run(main())
     return 0

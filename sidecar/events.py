@@ -85,13 +85,26 @@ def _has_surrogates(text: str) -> bool:
     return False
 
 
+MAX_DETAIL_CHARS = 400
+_MAX_LOC_PART_CHARS = 32
+
+
+def _loc_part(part: object) -> str:
+    # A location part can be a field name from the record itself (an unknown key inside
+    # ``message``): hostile input, bounded here and reduced to printable ASCII.
+    text = "".join(c if c.isascii() and c.isprintable() else "?" for c in str(part)[: _MAX_LOC_PART_CHARS + 1])
+    return text if len(text) <= _MAX_LOC_PART_CHARS else text[:_MAX_LOC_PART_CHARS] + "..."
+
+
 def _schema_detail(exc: ValidationError) -> str:
-    # Locations and error types only: never the offending input, which may be message text.
+    """Locations and error types only: never the offending input, which may be message text, and
+    never more than ``MAX_DETAIL_CHARS`` (it goes to logs and dead-letter headers)."""
     parts = []
     for err in exc.errors(include_url=False, include_input=False)[:5]:
-        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        loc = ".".join(_loc_part(p) for p in err["loc"][:6]) or "<root>"
         parts.append(f"{loc}: {err['type']}")
-    return "; ".join(parts)
+    detail = "; ".join(parts)
+    return detail if len(detail) <= MAX_DETAIL_CHARS else detail[:MAX_DETAIL_CHARS] + "..."
 
 
 def _to_message(m: _MessageIn, conversation_id: str, event_id: str) -> tuple[Message, int]:

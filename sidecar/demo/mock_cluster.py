@@ -21,10 +21,13 @@ from types import TracebackType
 READY_PREFIX = "BOOTSTRAP "
 
 
-def _serve(num_brokers: int) -> int:
+def _serve(num_brokers: int, rtt_ms: int = 0) -> int:
     from confluent_kafka import Producer
 
-    holder = Producer({"test.mock.num.brokers": num_brokers, "log_level": 3})
+    settings: dict[str, object] = {"test.mock.num.brokers": num_brokers, "log_level": 3}
+    if rtt_ms:
+        settings["test.mock.broker.rtt"] = rtt_ms  # every broker answers this much later: a slow cluster
+    holder = Producer(settings)
     md = holder.list_topics(timeout=10)
     bootstrap = ",".join(f"{b.host}:{b.port}" for b in md.brokers.values())
     sys.stdout.write(READY_PREFIX + bootstrap + "\n")
@@ -49,15 +52,17 @@ def _serve(num_brokers: int) -> int:
 class MockKafkaCluster:
     """Start the helper process; ``bootstrap_servers`` is valid between enter and exit."""
 
-    def __init__(self, num_brokers: int = 1, start_timeout_seconds: float = 30.0) -> None:
+    def __init__(self, num_brokers: int = 1, start_timeout_seconds: float = 30.0, rtt_ms: int = 0) -> None:
         self._num_brokers = num_brokers
+        self._rtt_ms = rtt_ms
         self._timeout = start_timeout_seconds
         self._proc: subprocess.Popen[bytes] | None = None
         self.bootstrap_servers = ""
 
     def start(self) -> str:
         self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, our own module
-            [sys.executable, "-m", "sidecar.demo.mock_cluster", "--brokers", str(self._num_brokers)],
+            [sys.executable, "-m", "sidecar.demo.mock_cluster", "--brokers", str(self._num_brokers),
+             "--rtt-ms", str(self._rtt_ms)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -98,8 +103,10 @@ class MockKafkaCluster:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--brokers", type=int, default=1, choices=range(1, 10))
+    parser.add_argument("--rtt-ms", type=int, default=0, choices=range(10_001), metavar="0..10000",
+                        help="simulated broker round-trip time")
     args = parser.parse_args(argv)
-    return _serve(args.brokers)
+    return _serve(args.brokers, args.rtt_ms)
 
 
 if __name__ == "__main__":

@@ -300,7 +300,15 @@ class PartitionProcessor:
         entry = self._pin(record.offset, None)
 
         async def write() -> None:
-            await self._dlq.dead_letter(record, reason, detail)
+            try:
+                await self._dlq.dead_letter(record, reason, detail)
+            except Exception as exc:
+                # Not a Kafka outage (those are retried inside): a copy that can never be written.
+                # The record's position is logged so it is not lost silently, and the partition
+                # goes on rather than stalling behind it forever.
+                self._m.dead_letter_failures.inc()
+                log.error("event.dead_letter_failed", partition=self.partition, offset=record.offset,  # noqa: TRY400 - the type is enough; a traceback adds nothing an operator can act on
+                          reason=reason, error=type(exc).__name__)
             self._pending.pop(entry.pid, None)
             self._signal_room()
 

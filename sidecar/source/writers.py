@@ -253,10 +253,13 @@ class KafkaDeadLetterWriter:
             ("dlq.source.offset", str(record.offset).encode()),
             ("dlq.time_ms", str(int(time.time() * 1000)).encode()),
         ]
+        # A record needs a key or a value; an unreadable record has neither (its location is in the
+        # headers), so it gets an empty key.
+        key = record.key if record.key is not None or record.value is not None else b""
         try:
             await _send_until_acked(
                 self._producer, self._metrics, self._health, "dead_letter",
-                topic=self._cfg.dead_letter_topic, value=record.value, key=record.key, headers=headers,
+                topic=self._cfg.dead_letter_topic, value=record.value, key=key, headers=headers,
             )
         except MessageSizeTooLargeError:
             # Too large even for the dead-letter topic: keep the reason and where to find the

@@ -82,6 +82,12 @@ class StreamMetrics:
             "sidecar_hook_errors_total", "Hook awaitables that raised; the error is recorded as outcome.",
             ["kind"], registry=registry,
         )
+        self.dead_letter_failures = Counter(
+            "sidecar_dead_letter_failures_total",
+            "Rejected records whose dead-letter copy could not be written for a reason other than a Kafka "
+            "outage (their position is logged as event.dead_letter_failed).",
+            registry=registry,
+        )
         self.effects_pending = Gauge(
             "sidecar_effects_pending", "Hook calls and dead-letter writes not yet safely recorded.",
             registry=registry,
@@ -135,6 +141,7 @@ class StreamMetricsCache:
         self.replayed = metrics.events_replayed
         self.processing = metrics.processing_seconds
         self.hook_errors = metrics.hook_errors
+        self.dead_letter_failures = metrics.dead_letter_failures
         self._children: dict[tuple[str, str], Any] = {}
 
     def _child(self, family: str, label: str) -> Any:

@@ -10,12 +10,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from sidecar.demo.replay import conversation_events, load_sample
+from sidecar.source.journal_entry import JournalSigner, read_entry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,18 +45,19 @@ def write_config(path: Path, bootstrap: str, topic: str, **sections: Mapping[str
 
 
 class SidecarProcess:
-    """``sidecar run`` in a child process, killable with SIGKILL."""
+    """``sidecar run`` (or another entry point taking ``--config``) in a child process."""
 
-    def __init__(self, config: Path, log_path: Path) -> None:
+    def __init__(self, config: Path, log_path: Path, argv: list[str] | None = None) -> None:
         self.config = config
         self.log_path = log_path
+        self.argv = argv or ["-m", "sidecar", "run"]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "run", "--config", str(self.config)],
-            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            [sys.executable, *self.argv, "--config", str(self.config)],
+            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO,
         )
         log.close()
 
@@ -123,10 +128,68 @@ async def read_topic(bootstrap: str, topic: str, *, idle_seconds: float = 2.0) -
         await c.stop()
 
 
-def result_keys(records: Iterable[Any]) -> list[tuple[str, int, str]]:
+def result_keys(records: Iterable[Any], signer: JournalSigner | None = None) -> list[tuple[str, int, str]]:
+    """(conversation, turn, kind) of every results record; with ``signer``, only those it signed."""
     keys = []
     for r in records:
+        if signer is not None:
+            entry, _ = read_entry(r.value, signer)
+            if entry is None:
+                continue
         v = json.loads(r.value)
         turn = 0 if v["kind"] == "conversation_ended" else v["turn"]
         keys.append((v["conversation_id"], turn, v["kind"]))
     return keys
+
+
+def sample_conversations(copies: int, prefix: str, limit: int | None = None) -> list[list[dict[str, Any]]]:
+    """The bundled demo sample's conversations as v1 events, ``copies`` times under fresh ids.
+
+    The suite needs no data beyond the repository: the sample (STAR, MultiWOZ, tau-bench; see
+    sidecar/demo/data/ATTRIBUTION.md) replayed under new conversation ids is new traffic."""
+    records = load_sample()[:limit]
+    return [
+        conversation_events(r, conversation_id=f"{prefix}{c}-{i}")
+        for c in range(copies) for i, r in enumerate(records)
+    ]
+
+
+def ground_truth(convs: Iterable[list[dict[str, Any]]]) -> Counter[tuple[str, int, str]]:
+    """One outcome per (conversation, turn, kind) that the events of ``convs`` cause."""
+    expected: Counter[tuple[str, int, str]] = Counter()
+    for events in convs:
+        cid = events[0]["conversation_id"]
+        turns = sum(1 for e in events if e["type"] == "message" and e["message"]["role"] == "user")
+        for t in range(1, turns + 1):
+            expected[(cid, t, "user_message")] += 1
+            expected[(cid, t, "turn_closed")] += 1
+        expected[(cid, 0, "conversation_ended")] += 1
+    return expected
+
+
+def produce_with_header_key(bootstrap: str, topic: str, key: bytes, value: bytes, header_key: bytes) -> None:
+    """Write one record whose header key is the raw bytes given (e.g. not UTF-8).
+
+    Kafka clients only accept text header keys, but nothing stops another client from writing any
+    bytes there. The pure-Python record builder encodes the key with ``.encode("utf-8")``, so a
+    ``str`` whose ``encode`` returns the raw bytes gets them onto the wire unchanged."""
+    code = (
+        "import asyncio, sys\n"
+        "from aiokafka import AIOKafkaProducer\n"
+        "class RawKey(str):\n"
+        "    def encode(self, *a, **k):\n"
+        "        return bytes.fromhex(sys.argv[5])\n"
+        "async def main():\n"
+        "    p = AIOKafkaProducer(bootstrap_servers=sys.argv[1], acks='all')\n"
+        "    await p.start()\n"
+        "    try:\n"
+        "        await p.send_and_wait(sys.argv[2], value=bytes.fromhex(sys.argv[4]),\n"
+        "                              key=bytes.fromhex(sys.argv[3]), headers=[(RawKey('k'), b'v')])\n"
+        "    finally:\n"
+        "        await p.stop()\n"
+        "asyncio.run(main())\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, bootstrap, topic, key.hex(), value.hex(), header_key.hex()],
+        check=True, env={**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"}, timeout=60,
+    )

@@ -18,7 +18,7 @@ from sidecar.config import SidecarConfig, load_config
 from sidecar.demo.mock_cluster import MockKafkaCluster
 from sidecar.source.journal import parse_metadata
 from sidecar.state.hooks import Outcome, RecordingHooks, TurnContext
-from tests.integration.kafka_support import produce_raw, read_topic, result_keys, write_config
+from tests.integration.kafka_support import produce_raw, produce_with_header_key, read_topic, result_keys, write_config
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +250,78 @@ async def test_transient_errors_during_recovery_are_retried(
     await r.wait_for("sidecar_hooks_fired_total", 1, kind="user_message")
     await r.wait_for("sidecar_partition_recoveries_total", 4)  # every partition got through
     assert r.metric("sidecar_partition_recovery_errors_total") == 3
+
+
+async def test_record_the_client_cannot_parse_is_dead_lettered_not_fatal(
+    kafka: str, tmp_path: Path, running: list[Running]
+) -> None:
+    """Regression: a header key that is not UTF-8 made getmany() raise on every start, so the
+    sidecar exited in a loop; records parsed before it in the same fetch were lost on the way."""
+    topic = "src6"
+    await produce_raw(kafka, topic, [msg("u", 0, "user"), msg("u", 1, "assistant")])
+    await asyncio.to_thread(produce_with_header_key, kafka, topic, b"u", msg("u", 2, "user")[1], b"\xff\xfe")
+    await produce_raw(kafka, topic, [msg("u", 2, "user"), end("u", 3)])
+    r = Running(config(tmp_path, kafka, topic))
+    running.append(r)
+    await r.wait_for("sidecar_events_dead_lettered_total", 1, reason="unreadable_record")
+    await r.wait_for("sidecar_hooks_fired_total", 1, kind="conversation_ended")
+    await r.close()
+    keys = sorted(result_keys(await read_topic(kafka, f"{topic}.results")))
+    assert keys == [("u", 0, "conversation_ended"), ("u", 1, "turn_closed"), ("u", 1, "user_message"),
+                    ("u", 2, "turn_closed"), ("u", 2, "user_message")]
+    dlq = [dict(x.headers) for x in await read_topic(kafka, f"{topic}.dlq")]
+    assert [h["dlq.reason"] for h in dlq] == [b"unreadable_record"]
+    assert dlq[0]["dlq.source.offset"] == b"2"
+
+
+async def test_resent_finished_conversation_after_restart_is_refused(
+    kafka: str, tmp_path: Path, running: list[Running]
+) -> None:
+    """Regression: the memory of finished conversations was not rebuilt on recovery, so a producer
+    re-sending a finished conversation after a restart got its outcomes recorded twice."""
+    topic = "src7"
+    done = [msg("f", 0, "user"), msg("f", 1, "assistant"), end("f", 2)]
+    await produce_raw(kafka, topic, [*done, msg("open", 0, "user")])  # "open" keeps the commit point below "f"
+    cfg = config(tmp_path, kafka, topic, state={"turn_debounce_seconds": 300})
+    r1 = Running(cfg)
+    running.append(r1)
+    await r1.wait_for("sidecar_hooks_fired_total", 1, kind="conversation_ended")
+    await r1.wait_for("sidecar_commits_total", 2, result="ok")
+    await r1.close()
+    commits = await committed(kafka, f"g-{topic}", topic)
+    metas = [parse_metadata(m) for _, m in commits.values()]
+    assert any(m is not None and m.finished_from is not None for m in metas), commits
+
+    await produce_raw(kafka, topic, done)  # the whole conversation again, same event ids
+    r2 = Running(cfg)
+    running.append(r2)
+    await r2.wait_for("sidecar_events_dead_lettered_total", 3, reason="conversation_finished")
+    await r2.close()
+    keys = sorted(result_keys(await read_topic(kafka, f"{topic}.results")))
+    assert keys == [("f", 0, "conversation_ended"), ("f", 1, "turn_closed"), ("f", 1, "user_message"),
+                    ("open", 1, "user_message")]
+
+
+async def test_forged_and_malformed_journal_records_cannot_crash_or_silence_recovery(
+    kafka: str, tmp_path: Path, running: list[Running]
+) -> None:
+    """Regression: one results-topic record holding 1e999 or 100,000 nested brackets made recovery
+    raise on every start; a forged record could suppress a hook. With a signing key, neither acts."""
+    topic = "src8"
+    group = f"g-{topic}"
+    forged = {"v": 1, "group": group, "topic": topic, "conversation_id": "j", "trigger": "record",
+              "kind": "user_message", "turn": 1, "position": 10**9}
+    junk = [b'{"v":1,"kind":"user_message","turn":1e999,"position":0}', b"[" * 100_000, b"\xff"]
+    junk += [json.dumps({**forged, "partition": p}).encode() for p in range(4)]
+    await produce_raw(kafka, f"{topic}.results", [(b"x", v) for v in junk])
+    await produce_raw(kafka, topic, [msg("j", 0, "user")])
+    r = Running(config(tmp_path, kafka, topic, kafka={"journal_signing_keys": ["k1"]}))
+    running.append(r)
+    await r.wait_for("sidecar_hooks_fired_total", 1, kind="user_message")  # not suppressed by the forgery
+    await r.wait_for("sidecar_partition_recoveries_total", 4)
+    skipped = {reason: r.metric("sidecar_journal_records_skipped_total", reason=reason)
+               for reason in ("invalid", "unsigned", "bad_signature")}
+    await r.close()
+    # every partition's recovery read the junk of its own results partition (the mock spreads keyed
+    # records by hash, so count across all): three malformed and four unsigned forgeries in total
+    assert skipped["invalid"] >= 1 and skipped["unsigned"] >= 1, skipped

@@ -1,7 +1,10 @@
 """The restart-safety proof: a producer streams real conversations while the sidecar process is
 SIGKILLed at random moments and restarted; at the end every hook outcome in the results topic
 matches the ground truth exactly (none missing, none twice), and every bad record reached the
-dead-letter topic."""
+dead-letter topic.
+
+The conversations are the bundled demo sample (STAR, MultiWOZ, tau-bench) replayed seven times
+under fresh ids, so the test needs nothing beyond the repository."""
 
 from __future__ import annotations
 
@@ -11,34 +14,22 @@ import random
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import conversation_events, encode, interleave, load_jsonl_gz
+from sidecar.demo.replay import encode, interleave
 from tests.integration.kafka_support import (
     SidecarProcess,
+    ground_truth,
     produce_raw,
     read_topic,
     result_keys,
-    shared_dir,
+    sample_conversations,
     write_config,
 )
 
 KILLS = 6
-CONVERSATIONS = {"multiwoz": 1300, "star": 600, "taubench_airline": 152}
+COPIES = 7  # of the 300 bundled conversations
 BAD_RECORDS = 60
-
-
-def ground_truth(convs: list[list[dict[str, Any]]]) -> Counter[tuple[str, int, str]]:
-    expected: Counter[tuple[str, int, str]] = Counter()
-    for events in convs:
-        cid = events[0]["conversation_id"]
-        turns = sum(1 for e in events if e["type"] == "message" and e["message"]["role"] == "user")
-        for t in range(1, turns + 1):
-            expected[(cid, t, "user_message")] += 1
-            expected[(cid, t, "turn_closed")] += 1
-        expected[(cid, 0, "conversation_ended")] += 1
-    return expected
 
 
 def bad_record(i: int, rng: random.Random) -> tuple[bytes | None, bytes]:
@@ -61,10 +52,7 @@ def bad_record(i: int, rng: random.Random) -> tuple[bytes | None, bytes]:
 
 async def test_sigkill_at_random_moments_loses_and_repeats_nothing(tmp_path: Path) -> None:
     rng = random.Random(20261122)
-    convs: list[list[dict[str, Any]]] = []
-    for name, n in CONVERSATIONS.items():
-        records = load_jsonl_gz(shared_dir() / "datasets" / name / "dev.jsonl.gz")[:n]
-        convs += [conversation_events(r) for r in records]
+    convs = sample_conversations(COPIES, "kill")
     assert len(convs) >= 2000
     expected = ground_truth(convs)
     stream: list[tuple[bytes | None, bytes]] = [encode(e) for e in interleave(convs, concurrency=300, seed=7)]

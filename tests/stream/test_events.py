@@ -145,3 +145,17 @@ def test_arbitrary_json_objects_never_raise_past_decoder(obj: dict[str, Any]) ->
         decode(obj, key=str(obj.get("conversation_id")).encode())
     except DecodeError as exc:
         assert exc.reason
+
+
+def test_dead_letter_detail_is_bounded_and_never_echoes_field_names_at_length() -> None:
+    """Regression: an unknown 950 KB field name inside ``message`` went whole into the
+    dead-letter log line (and headers), secrets included."""
+    secret = "sk-live-" + "A" * 950_000
+    value = json.dumps({"conversation_id": "c", "event_id": "e", "seq": 0, "ts": 1, "type": "message",
+                        "message": {"role": "user", "content": "x", secret: 1, "\u202etab\x00": 2}}).encode()
+    with pytest.raises(DecodeError) as err:
+        decode_event(value, b"c", max_bytes=2_000_000)
+    assert err.value.reason == "schema"
+    assert len(err.value.detail) <= 403
+    assert "A" * 40 not in err.value.detail
+    assert err.value.detail.isascii() and "\x00" not in err.value.detail
