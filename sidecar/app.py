@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from sidecar.config import SidecarConfig
 from sidecar.lifecycle import Component, HealthReporter
@@ -118,6 +118,7 @@ async def run_app(
 ) -> None:
     """Run the sidecar until ``stop`` is set (or the task is cancelled), then shut down cleanly."""
     registry = registry or CollectorRegistry()
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes & co., for the memory bound
     metrics = StreamMetrics(registry)
     assembly = build_hooks(config, registry)
     if hooks is not None:

@@ -5,20 +5,21 @@ from __future__ import annotations
 import gzip
 import json
 from importlib import resources
+from pathlib import Path
 
-from tests.tools.build_demo_sample import OUT_DIR, SOURCES, STOP_TOKEN, build, shared_dir
+from tests.tools.build_demo_sample import OUT_DIR, SOURCES, STOP_TOKEN, build
 
 
-def test_committed_sample_and_attribution_are_reproducible() -> None:
-    data, attribution = build(shared_dir() / "datasets")
+def test_committed_sample_and_attribution_are_reproducible(corpora: Path) -> None:
+    data, attribution = build(corpora)
     assert (OUT_DIR / "sample.jsonl.gz").read_bytes() == data
     assert (OUT_DIR / "ATTRIBUTION.md").read_text(encoding="utf-8") == attribution
     # The same bytes are what the installed package ships.
     assert resources.files("sidecar.demo").joinpath("data/sample.jsonl.gz").read_bytes() == data
 
 
-def test_sample_content_is_small_clean_and_attributed() -> None:
-    data, attribution = build(shared_dir() / "datasets")
+def test_sample_content_is_small_clean_and_attributed(corpora: Path) -> None:
+    data, attribution = build(corpora)
     assert len(data) < 1_000_000
     records = [json.loads(line) for line in gzip.decompress(data).decode("utf-8").splitlines()]
     assert len(records) == sum(s.count for s in SOURCES)
