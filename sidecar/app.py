@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from sidecar.config import SidecarConfig
 from sidecar.lifecycle import Component, HealthReporter
 from sidecar.source.kafka import KafkaEventSource
+from sidecar.stage.pipeline import OutcomeSink, PostScoreStage
 from sidecar.state.hooks import CompositeHooks, ConversationHooks, HookResult, Outcome, RecordingHooks, TurnContext
 from sidecar.telemetry.http import HttpServer
 from sidecar.telemetry.logging import configure_logging
@@ -47,6 +48,7 @@ class Assembly:
     """The hook set plus the components it needs started, checked and served."""
 
     hooks: ConversationHooks
+    sinks: list[OutcomeSink] = field(default_factory=list)
     components: list[Component] = field(default_factory=list)
     health: list[HealthReporter] = field(default_factory=list)
     json_routes: dict[str, Callable[[], object]] = field(default_factory=dict)
@@ -123,7 +125,8 @@ async def run_app(
     assembly = build_hooks(config, registry)
     if hooks is not None:
         assembly.hooks = hooks
-    source = KafkaEventSource(config.kafka, config.state, assembly.hooks, metrics)
+    stage = PostScoreStage(assembly.sinks, on_sink_error=lambda name: metrics.sink_errors.labels(name).inc())
+    source = KafkaEventSource(config.kafka, config.state, assembly.hooks, metrics, stage)
     http = HttpServer(config.http, registry, [source, *assembly.health], assembly.json_routes)
     stop = stop or asyncio.Event()
     tune_gc()

@@ -25,6 +25,7 @@ from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.recovery import JournalReader
 from sidecar.source.worker import Batch, PartitionWorker, UnreadableRecord, batch_bytes
 from sidecar.source.writers import KafkaDeadLetterWriter, KafkaResultsWriter, client_kwargs, make_producer
+from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
 from sidecar.state.hooks import ConversationHooks
 from sidecar.state.memory import MemoryBudget
@@ -59,11 +60,13 @@ class KafkaEventSource:
         state_cfg: StateConfig,
         hooks: ConversationHooks,
         metrics: StreamMetrics,
+        stage: PostScoreStage | None = None,
     ) -> None:
         self.cfg = cfg
         self.state_cfg = state_cfg
         self.hooks = hooks
         self.metrics = metrics
+        self.stage = stage or PostScoreStage(on_sink_error=lambda name: metrics.sink_errors.labels(name).inc())
         self.budget = MemoryBudget(state_cfg.max_memory_bytes)
         self.signer = JournalSigner([k.get_secret_value().encode() for k in cfg.journal_signing_keys])
         self.producer = make_producer(cfg)

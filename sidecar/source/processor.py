@@ -30,6 +30,8 @@ from sidecar.source.journal import (
     ResultsWriter,
     SourceRecord,
 )
+from sidecar.stage.events import Effect, events_of
+from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
 from sidecar.state.hooks import ConversationHooks, HookResult, Outcome, TurnContext
@@ -72,12 +74,14 @@ class PartitionProcessor:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         budget: MemoryBudget | None = None,
+        stage: PostScoreStage | None = None,
     ) -> None:
         self.partition = partition
         self.state = PartitionState(state_config, budget)
         for cid, first_offset in recovery.finished:
             self.state.remember_finished(cid, first_offset)
         self._hooks = hooks
+        self._stage = stage or PostScoreStage()
         self._results = results
         self._dlq = dead_letters
         self._metrics = metrics
@@ -220,8 +224,14 @@ class PartitionProcessor:
         # Pinned before any await: from here on a cancellation keeps the commit below it.
         entry = self._pin(position, conv)
         if isinstance(result, Mapping):
-            # Fast path: the outcome is already known; only the journal write is pending.
-            await self._journal(entry, ctx, result, position, trigger)
+            staged = self._stage.offer(Effect(ctx, events_of(result), result))
+            if staged is None:
+                # Fast path: the outcome is known and every sink took it; only the journal write is pending.
+                await self._journal(entry, ctx, result, position, trigger)
+                return
+            entry.waiter = asyncio.ensure_future(
+                self._after_stage(entry, staged, ctx=ctx, outcome=result, position=position, trigger=trigger)
+            )
         else:
             entry.awaitable = result
             entry.waiter = asyncio.ensure_future(self._complete(entry, result, ctx, position, trigger))
@@ -237,6 +247,16 @@ class PartitionProcessor:
             raise
         except Exception as exc:
             outcome = self._hook_failed(ctx, exc)
+        staged = self._stage.offer(Effect(ctx, events_of(outcome), outcome))
+        if staged is not None:
+            await staged
+        await self._journal(entry, ctx, outcome, position, trigger)
+
+    async def _after_stage(
+        self, entry: _Pending, staged: Awaitable[None], *, ctx: TurnContext, outcome: Outcome, position: int,
+        trigger: str,
+    ) -> None:
+        await staged
         await self._journal(entry, ctx, outcome, position, trigger)
 
     def _hook_failed(self, ctx: TurnContext, exc: Exception) -> Outcome:

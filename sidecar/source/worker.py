@@ -123,6 +123,7 @@ class PartitionWorker:
                 max_record_bytes=src.cfg.max_record_bytes,
                 max_pending=src.cfg.max_pending_effects_per_partition,
                 budget=src.budget,
+                stage=src.stage,
             )
             sweep = src.state_cfg.sweep_interval_seconds
             next_tick = time.monotonic() + sweep

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from sidecar.stage.events import Scored, events_of
 from sidecar.transcript.model import Message
 
 HookKind = Literal["user_message", "turn_closed", "conversation_ended"]
@@ -104,6 +105,11 @@ class RecordingHooks:
         return self._record(ctx)
 
 
+def _merge(named: Sequence[tuple[str, Outcome]]) -> Outcome:
+    """Members' outcomes under their names, and all their typed events together."""
+    return Scored({name: dict(o) for name, o in named}, [e for _, o in named for e in events_of(o)])
+
+
 class CompositeHooks:
     """Fans one hook call out to several hook sets and merges their outcomes by name.
 
@@ -117,7 +123,7 @@ class CompositeHooks:
     def _fan_out(self, results: Sequence[tuple[str, HookResult]]) -> HookResult:
         sync = {name: r for name, r in results if isinstance(r, Mapping)}
         if len(sync) == len(results):
-            return {name: dict(r) for name, r in sync.items()}
+            return _merge(list(sync.items()))
         return self._gather(results)
 
     async def _gather(self, results: Sequence[tuple[str, HookResult]]) -> Outcome:
@@ -125,7 +131,7 @@ class CompositeHooks:
             return r if isinstance(r, Mapping) else await r
 
         values = await asyncio.gather(*(one(r) for _, r in results))
-        return {name: dict(v) for (name, _), v in zip(results, values, strict=True)}
+        return _merge([(name, v) for (name, _), v in zip(results, values, strict=True)])
 
     def on_user_message(self, ctx: TurnContext) -> HookResult:
         return self._fan_out([(n, h.on_user_message(ctx)) for n, h in self._named.items()])

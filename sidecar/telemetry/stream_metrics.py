@@ -88,6 +88,11 @@ class StreamMetrics:
             "outage (their position is logged as event.dead_letter_failed).",
             registry=registry,
         )
+        self.sink_errors = Counter(
+            "sidecar_stage_sink_errors_total",
+            "Effects a post-score sink failed on unexpectedly (logged as stage.sink_failed); the effect went on.",
+            ["sink"], registry=registry,
+        )
         self.effects_pending = Gauge(
             "sidecar_effects_pending", "Hook calls and dead-letter writes not yet safely recorded.",
             registry=registry,
