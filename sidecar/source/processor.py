@@ -138,7 +138,10 @@ class PartitionProcessor:
         triggers: list[Trigger] = []
         try:
             event = decode_event(record.value, record.key, max_bytes=self._max_record_bytes)
-            jpos = self._journal_from if replay else self._journal_end
+            # A conversation (re)opened from a record at or below the last position a previous owner
+            # journaled an outcome for may have outcomes in the journal from J on: it must keep the
+            # commit's journal start at J, or a later recovery would read past them and fire again.
+            jpos = self._journal_from if replay or offset <= self._last_journaled else self._journal_end
             # The record's Kafka timestamp dates the conversation's start, durably across restarts.
             opened = record.timestamp / 1000.0 if record.timestamp > 0 else self._wall()
             triggers = self.state.apply(event, offset, self._clock(), jpos, opened)
