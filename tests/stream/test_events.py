@@ -22,9 +22,14 @@ LIMIT = 64 * 1024
 
 def ev(**over: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "conversation_id": "conv-1", "event_id": "e-1", "seq": 0, "ts": "2026-01-01T00:00:00Z",
-        "type": "message", "message": {"role": "user", "content": "Book a table for two"},
-        "agent": "booking", "tenant": "acme",
+        "conversation_id": "conv-1",
+        "event_id": "e-1",
+        "seq": 0,
+        "ts": "2026-01-01T00:00:00Z",
+        "type": "message",
+        "message": {"role": "user", "content": "Book a table for two"},
+        "agent": "booking",
+        "tenant": "acme",
     }
     base.update(over)
     return {k: v for k, v in base.items() if v is not ...}
@@ -90,7 +95,8 @@ def test_invalid_events_rejected_with_reason_and_by_schema(obj: dict[str, Any], 
         (b"\xc3\x28", b"k", "invalid_utf8"),
         (b'{"a": "\xed\xa0\x80"}', b"k", "invalid_utf8"),
         (b"{not json", b"k", "invalid_json"),
-        (b"[" * 20_000 + b"]" * 20_000, b"k", "invalid_json"),
+        (b"[" * 20_000 + b"]" * 20_000, b"k", "not_an_object"),
+        (b'{"x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", b"k", "invalid_json"),  # too deep to skip
         (b"[]", b"k", "not_an_object"),
         (b"null", b"k", "not_an_object"),
         (b'"text"', b"k", "not_an_object"),
@@ -136,10 +142,12 @@ json_values = st.recursive(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(
-    st.sampled_from(["conversation_id", "event_id", "seq", "ts", "type", "message", "agent", "tenant", "v"]),
-    json_values,
-))
+@given(
+    st.dictionaries(
+        st.sampled_from(["conversation_id", "event_id", "seq", "ts", "type", "message", "agent", "tenant", "v"]),
+        json_values,
+    )
+)
 def test_arbitrary_json_objects_never_raise_past_decoder(obj: dict[str, Any]) -> None:
     try:
         decode(obj, key=str(obj.get("conversation_id")).encode())
@@ -151,8 +159,16 @@ def test_dead_letter_detail_is_bounded_and_never_echoes_field_names_at_length() 
     """Regression: an unknown 950 KB field name inside ``message`` went whole into the
     dead-letter log line (and headers), secrets included."""
     secret = "sk-live-" + "A" * 950_000
-    value = json.dumps({"conversation_id": "c", "event_id": "e", "seq": 0, "ts": 1, "type": "message",
-                        "message": {"role": "user", "content": "x", secret: 1, "\u202etab\x00": 2}}).encode()
+    value = json.dumps(
+        {
+            "conversation_id": "c",
+            "event_id": "e",
+            "seq": 0,
+            "ts": 1,
+            "type": "message",
+            "message": {"role": "user", "content": "x", secret: 1, "\u202etab\x00": 2},
+        }
+    ).encode()
     with pytest.raises(DecodeError) as err:
         decode_event(value, b"c", max_bytes=2_000_000)
     assert err.value.reason == "schema"

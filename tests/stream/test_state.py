@@ -15,17 +15,23 @@ from sidecar.state.memory import CONVERSATION_OVERHEAD_BYTES, MemoryBudget, id_b
 from sidecar.state.store import PartitionState, Rejected, Trigger
 from sidecar.transcript.model import Message
 
-CFG = StateConfig(turn_debounce_seconds=5, idle_ttl_seconds=50, max_conversations_per_partition=4,
-                  max_messages_per_conversation=12, max_conversation_bytes=4000, finished_memory=3,
-                  max_conversation_lifetime_seconds=1000)
+CFG = StateConfig(
+    turn_debounce_seconds=5,
+    idle_ttl_seconds=50,
+    max_conversations_per_partition=4,
+    max_messages_per_conversation=12,
+    max_conversation_bytes=4000,
+    finished_memory=3,
+    max_conversation_lifetime_seconds=1000,
+)
 BUDGET_BYTES = 12_000
 
 
-def mk(cid: str, seq: int, role: str | None = "user", content: str = "hello", eid: str | None = None,
-       end: bool = False) -> Event:
+def mk(
+    cid: str, seq: int, role: str | None = "user", content: str = "hello", eid: str | None = None, end: bool = False
+) -> Event:
     msg = None if end else Message(role=role, content=content)  # type: ignore[arg-type]
-    return Event(cid, eid or f"{cid}/{seq}", seq, "conversation_end" if end else "message", msg, "a", None,
-                 0 if end else len(content.encode()))
+    return Event(cid, eid or f"{cid}/{seq}", seq, "conversation_end" if end else "message", msg, "a", None)
 
 
 def kinds(ts: list[Trigger]) -> list[tuple[str, int, Any]]:
@@ -151,7 +157,8 @@ def test_lifetime_bound_finalises_the_oldest_even_when_active() -> None:
     assert kinds(s.due(45, wall_now=1_999.0)) == []
     out = s.due(45, wall_now=2_001.0)
     assert [(t.conversation.conversation_id, t.kind, t.end_reason) for t in out] == [
-        ("old", "turn_closed", None), ("old", "conversation_ended", "max_lifetime")
+        ("old", "turn_closed", None),
+        ("old", "conversation_ended", "max_lifetime"),
     ]
     assert s.oldest() is not None and s.oldest().conversation_id == "new"  # type: ignore[union-attr]
     with pytest.raises(Rejected, match="conversation_finished"):
@@ -184,9 +191,14 @@ def test_too_long_conversation_is_rejected_not_grown() -> None:
 
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("ev"), st.sampled_from("abcdef"), st.integers(0, 6),
-                  st.sampled_from(["user", "assistant", "tool", "system", "end"]), st.integers(0, 2500),
-                  st.booleans()),
+        st.tuples(
+            st.just("ev"),
+            st.sampled_from("abcdef"),
+            st.integers(0, 6),
+            st.sampled_from(["user", "assistant", "tool", "system", "end"]),
+            st.integers(0, 2500),
+            st.booleans(),
+        ),
         st.tuples(st.just("time"), st.integers(1, 30)),
     ),
     max_size=120,
@@ -238,8 +250,9 @@ def test_invariants_hold_under_arbitrary_event_sequences(script: list[tuple[Any,
         take(ts)
         assert len(s) <= CFG.max_conversations_per_partition
         assert budget.used_bytes == s.mem_bytes
-        held = sum(c.mem_bytes + CONVERSATION_OVERHEAD_BYTES + id_bytes(c.conversation_id)
-                   for c in s.conversations.values())
+        held = sum(
+            c.mem_bytes + CONVERSATION_OVERHEAD_BYTES + id_bytes(c.conversation_id) for c in s.conversations.values()
+        )
         assert s.mem_bytes >= held  # the rest is the finished memory
         for conv in s.conversations.values():
             assert conv.mem_bytes <= CFG.max_conversation_bytes
