@@ -23,8 +23,9 @@ from sidecar.lifecycle import Health
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.recovery import JournalReader
+from sidecar.source.results import KafkaResultsWriter
 from sidecar.source.worker import Batch, PartitionWorker, UnreadableRecord, batch_bytes
-from sidecar.source.writers import KafkaDeadLetterWriter, KafkaResultsWriter, client_kwargs, make_producer
+from sidecar.source.writers import KafkaDeadLetterWriter, client_kwargs, make_producer
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
 from sidecar.state.hooks import ConversationHooks
@@ -171,12 +172,16 @@ class KafkaEventSource:
                 with contextlib.suppress(asyncio.CancelledError):
                     await w.task
         released = [w for w in workers if w.processor is not None]
-        points = await asyncio.gather(*(
-            w.processor.release(self.cfg.revoke_grace_seconds, self.cfg.revoke_flush_timeout_seconds)
-            for w in released if w.processor is not None
-        ))
+        points = await asyncio.gather(
+            *(
+                w.processor.release(self.cfg.revoke_grace_seconds, self.cfg.revoke_flush_timeout_seconds)
+                for w in released
+                if w.processor is not None
+            )
+        )
         offsets = {
-            w.tp: OffsetAndMetadata(cp.offset, cp.metadata) for w, cp in zip(released, points, strict=True)
+            w.tp: OffsetAndMetadata(cp.offset, cp.metadata)
+            for w, cp in zip(released, points, strict=True)
             if cp is not None
         }
         self.metrics.partitions_assigned.set(len(self._workers))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from typing import Any
 
+import msgspec
 import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
@@ -15,7 +15,6 @@ from aiokafka.helpers import create_ssl_context
 
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import SourceRecord
-from sidecar.source.journal_entry import JournalSigner
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
 log = structlog.get_logger(__name__)
@@ -78,17 +77,24 @@ def client_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
     return kw
 
 
+# Results are written in batches the writer fills itself (see sidecar.source.results); a batch
+# closes at this size. 256 KiB holds ~700 typical outcomes and stays far below the brokers'
+# default message.max.bytes (1 MiB), so a full batch is never refused for its size.
+RESULT_BATCH_BYTES = 256 * 1024
+
+
 def make_producer(cfg: KafkaConfig) -> AIOKafkaProducer:
     return AIOKafkaProducer(
         **client_kwargs(cfg),
         acks="all",
         enable_idempotence=True,
         linger_ms=5,
+        max_batch_size=RESULT_BATCH_BYTES,
         max_request_size=max(cfg.max_record_bytes + 65_536, 1_048_576),
     )
 
 
-async def _send_until_acked(
+async def send_until_acked(
     producer: AIOKafkaProducer,
     metrics: StreamMetrics,
     health: WriteHealth,
@@ -131,106 +137,26 @@ async def flush_producer(producer: AIOKafkaProducer, timeout_seconds: float) -> 
     return True
 
 
+_ENCODER = msgspec.json.Encoder()
+
+
 def encode_result(record: dict[str, Any], metrics: StreamMetrics) -> bytes:
-    """The record's bytes; an outcome too large to be written is replaced by an error marker."""
-    value = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """The record's bytes (compact JSON; NaN and infinities become null, so it is always valid JSON).
+
+    An outcome too large to be written, or not JSON-serialisable (a hook returned an object), is
+    replaced by an error marker: the effect is still recorded, and its partition never stalls on it.
+    """
+    try:
+        value = _ENCODER.encode(record)
+    except (TypeError, ValueError, OverflowError) as exc:
+        metrics.results_write_errors.labels("unserialisable").inc()
+        log.warning("kafka.result_unserialisable", kind=record.get("kind"), error=type(exc).__name__)
+        return _ENCODER.encode({**record, "outcome": {"error": "result_unserialisable"}})
     if len(value) <= MAX_RESULT_BYTES:
         return value
     metrics.results_write_errors.labels("oversized").inc()
     log.warning("kafka.result_too_large", kind=record.get("kind"), size_bytes=len(value))
-    shrunk = {**record, "outcome": {"error": "result_too_large", "bytes": len(value)}}
-    return json.dumps(shrunk, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-class KafkaResultsWriter:
-    """Appends hook outcomes to the results topic; the partition is ``source % partitions``."""
-
-    def __init__(
-        self, producer: AIOKafkaProducer, cfg: KafkaConfig, metrics: StreamMetrics, signer: JournalSigner
-    ) -> None:
-        self._producer = producer
-        self._cfg = cfg
-        self._metrics = metrics
-        self._signer = signer
-        self.write_health = WriteHealth()
-        self._partitions: int | None = None
-        # Resend loops of failed writes, per source partition, so that giving one partition up
-        # (revoke) stops its resends without touching the others'.
-        self._retries: dict[int, set[asyncio.Task[None]]] = {}
-
-    async def partition_count(self) -> int:
-        if self._partitions is None:
-            parts = await self._producer.partitions_for(self._cfg.results_topic)
-            self._partitions = len(parts)
-        return self._partitions
-
-    async def submit(
-        self, source_partition: int, conversation_id: str, record: dict[str, Any]
-    ) -> asyncio.Future[int]:
-        n = self._partitions or await self.partition_count()
-        record["group"] = self._cfg.group_id
-        record["topic"] = self._cfg.topic
-        self._signer.sign(record)
-        kwargs = {
-            "topic": self._cfg.results_topic,
-            "value": encode_result(record, self._metrics),
-            "key": conversation_id.encode("utf-8"),
-            "partition": source_partition % n,
-        }
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        try:
-            sent = await self._producer.send(**kwargs)
-        except KafkaError:
-            self._retry(source_partition, done, kwargs)
-            return done
-
-        def on_ack(f: asyncio.Future[Any]) -> None:
-            if done.done():
-                return
-            if f.cancelled() or f.exception() is not None:
-                self._retry(source_partition, done, kwargs)
-            else:
-                self.write_health.ok()
-                done.set_result(int(f.result().offset))
-
-        sent.add_done_callback(on_ack)
-        return done
-
-    def _retry(self, source_partition: int, done: asyncio.Future[int], kwargs: dict[str, Any]) -> None:
-        """Slow path: a send failed; resend with backoff until acknowledged."""
-
-        async def resend() -> None:
-            try:
-                md = await _send_until_acked(self._producer, self._metrics, self.write_health, "results", **kwargs)
-            except MessageSizeTooLargeError as exc:
-                # The broker's limit is below ours: record the effect as an error marker instead.
-                self.write_health.failed(exc, permanent=False)
-                record = json.loads(kwargs["value"])
-                small = {**record, "outcome": {"error": "result_too_large", "bytes": len(kwargs["value"])}}
-                small_kwargs = {**kwargs, "value": json.dumps(small, separators=(",", ":")).encode()}
-                md = await _send_until_acked(
-                    self._producer, self._metrics, self.write_health, "results", **small_kwargs
-                )
-            if not done.done():
-                done.set_result(int(md.offset))
-
-        task = asyncio.ensure_future(resend())
-        tasks = self._retries.setdefault(source_partition, set())
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        done.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
-
-    async def flush(self, source_partition: int, timeout_seconds: float) -> bool:
-        for task in list(self._retries.pop(source_partition, ())):
-            task.cancel()
-        return await flush_producer(self._producer, timeout_seconds)
-
-    def health(self) -> tuple[bool, str]:
-        return self.write_health.status()
-
-    async def append(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> int:
-        """Submit and wait for the acknowledgement."""
-        return await (await self.submit(source_partition, conversation_id, record))
+    return _ENCODER.encode({**record, "outcome": {"error": "result_too_large", "bytes": len(value)}})
 
 
 class KafkaDeadLetterWriter:
@@ -257,16 +183,28 @@ class KafkaDeadLetterWriter:
         # headers), so it gets an empty key.
         key = record.key if record.key is not None or record.value is not None else b""
         try:
-            await _send_until_acked(
-                self._producer, self._metrics, self._health, "dead_letter",
-                topic=self._cfg.dead_letter_topic, value=record.value, key=key, headers=headers,
+            await send_until_acked(
+                self._producer,
+                self._metrics,
+                self._health,
+                "dead_letter",
+                topic=self._cfg.dead_letter_topic,
+                value=record.value,
+                key=key,
+                headers=headers,
             )
         except MessageSizeTooLargeError:
             # Too large even for the dead-letter topic: keep the reason and where to find the
             # original (source topic, partition, offset) rather than block the partition forever.
             size = len(record.value or b"")
             headers.append(("dlq.value_dropped_bytes", str(size).encode()))
-            await _send_until_acked(
-                self._producer, self._metrics, self._health, "dead_letter",
-                topic=self._cfg.dead_letter_topic, value=None, key=(record.key or b"")[:1024], headers=headers,
+            await send_until_acked(
+                self._producer,
+                self._metrics,
+                self._health,
+                "dead_letter",
+                topic=self._cfg.dead_letter_topic,
+                value=None,
+                key=(record.key or b"")[:1024],
+                headers=headers,
             )
