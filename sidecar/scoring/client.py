@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,13 +109,28 @@ def _parse_token(key: str) -> int:
     return int(key[len(_TOKEN_PREFIX) :])
 
 
+# Logprobs a little above zero are float noise from the server's softmax; anything further above
+# zero, NaN or +inf is not a log-probability and would poison P(end) and histogram sums.
+_LOGPROB_SLACK = 1e-3
+
+
+def logprob(value: Any) -> float:
+    """One logprob from the server, range-checked: a finite value <= 0 (or -inf), else ``bad_response``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise VllmRequestError("bad_response", f"logprob is a {type(value).__name__}, not a number")
+    v = float(value)
+    if math.isnan(v) or v > _LOGPROB_SLACK:
+        raise VllmRequestError("bad_response", f"logprob out of range: {v!r}")
+    return min(v, 0.0)
+
+
 def parse_choice(choice: Mapping[str, Any]) -> GeneratedChoice:
     """Turn one completions ``choice`` (as JSON) into ids and logprobs; strict about the shape."""
     try:
         lp = choice["logprobs"]
         ids = tuple(_parse_token(t) for t in lp["tokens"])
-        values = tuple(float(v) for v in lp["token_logprobs"])
-        tops = tuple({_parse_token(k): float(v) for k, v in (top or {}).items()} for top in lp["top_logprobs"])
+        values = tuple(logprob(v) for v in lp["token_logprobs"])
+        tops = tuple({_parse_token(k): logprob(v) for k, v in (top or {}).items()} for top in lp["top_logprobs"])
     except (KeyError, TypeError, ValueError) as exc:
         raise VllmRequestError("bad_response", f"malformed logprobs: {type(exc).__name__}") from exc
     if not (len(ids) == len(values) == len(tops)):
@@ -383,7 +399,7 @@ class VllmClient:
                     out.append(None)
                     continue
                 entry = row.get(str(tid)) or row.get(f"{_TOKEN_PREFIX}{tid}")
-                out.append(float(entry["logprob"]))
+                out.append(logprob(entry["logprob"]))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise VllmRequestError("bad_response", f"malformed prompt_logprobs: {type(exc).__name__}") from exc
         return out

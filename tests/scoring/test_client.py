@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable
 
 import httpx
@@ -11,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.errors import PermanentError
-from sidecar.scoring.client import VllmClient, VllmRequestError, VllmUnavailable, parse_choice
+from sidecar.scoring.client import VllmClient, VllmRequestError, VllmUnavailable, logprob, parse_choice
 from sidecar.scoring.config import VllmEndpointConfig
 from sidecar.scoring.resilience import CircuitBreaker
 
@@ -129,6 +130,39 @@ async def test_malformed_responses_are_permanent(body: dict[str, object]) -> Non
     client, _ = _client(lambda r: httpx.Response(200, json=body))
     with pytest.raises(PermanentError):
         await client.generate("base", [[1]], max_tokens=1, top_logprobs=1)
+
+
+def _one_token(token_logprob: str, top: str = "{}") -> bytes:
+    return (
+        '{"choices": [{"index": 0, "logprobs": {"tokens": ["token_id:5"], '
+        f'"token_logprobs": [{token_logprob}], "top_logprobs": [{top}]}}}}]}}'
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _one_token("NaN"),
+        _one_token("Infinity"),
+        _one_token("5.0"),
+        _one_token("-0.1", '{"token_id:7": NaN}'),
+        _one_token('"-0.1"'),
+        _one_token("true"),
+    ],
+)
+async def test_logprobs_out_of_range_are_bad_responses(raw: bytes) -> None:
+    """NaN, +inf, positive or non-numeric logprobs never reach P(end): the response is refused."""
+    headers = {"content-type": "application/json"}
+    client, _ = _client(lambda r: httpx.Response(200, content=raw, headers=headers))
+    with pytest.raises(VllmRequestError) as info:
+        await client.generate("base", [[1]], max_tokens=1, top_logprobs=1)
+    assert info.value.reason == "bad_response"
+
+
+def test_logprob_accepts_float_noise_and_minus_infinity() -> None:
+    assert logprob(1e-7) == 0.0
+    assert logprob(-math.inf) == -math.inf
+    assert logprob(-9999) == -9999.0
 
 
 def test_parse_choice_rejects_string_keys() -> None:
