@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import structlog
@@ -46,6 +47,9 @@ T = TypeVar("T")
 GoalLabeler = Callable[[TurnContext], Awaitable[str]]
 _CACHE_SIZE = 4096
 _LATEST_TURNS = 65536  # conversations whose newest user turn is remembered for the tree debounce
+# Redaction and tokenisation scale with a conversation's length: they run on these threads, never
+# on the event loop (the Kafka heartbeat and every other partition share that loop).
+_PROMPT_THREADS = 2
 
 
 async def _unknown_goal(_ctx: TurnContext) -> str:
@@ -135,6 +139,7 @@ class ScoringHooks:
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._latest_turn: LruCache[str, int] = LruCache(_LATEST_TURNS)
         self._verdicts: LruCache[tuple[str, int, str], CompletionScore] = LruCache(_CACHE_SIZE)
+        self._cpu = ThreadPoolExecutor(max_workers=_PROMPT_THREADS, thread_name_prefix="sidecar-prompt")
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -143,6 +148,7 @@ class ScoringHooks:
             await self._owned_client.start()
 
     async def stop(self) -> None:
+        self._cpu.shutdown(wait=False, cancel_futures=True)
         if self._owned_client is not None:
             await self._owned_client.stop()
 
@@ -169,6 +175,15 @@ class ScoringHooks:
         # snapshot already, and it is not part of the turn being judged.
         msgs = prefix_through_turn(ctx.messages, ctx.turn)
         return self._redactor.redact_messages(msgs) if self._redactor is not None else msgs
+
+    async def _off_loop(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, fn)
+
+    async def _prompt(
+        self, build: Callable[[Sequence[Message]], tuple[list[int], int]], ctx: TurnContext
+    ) -> tuple[list[int], int]:
+        """Redact c_k and encode its prompt, off the event loop."""
+        return await self._off_loop(lambda: build(self._messages(ctx)))
 
     def _wait(self, kind: str) -> Callable[[], None]:
         return lambda: self.metrics.backpressure_waits.labels(kind).inc()
@@ -209,14 +224,13 @@ class ScoringHooks:
         cached = self._verdicts.get(key)
         if cached is not None:
             return cached
-        messages = self._messages(ctx)
-        adapter = cfg.adapter
-        if adapter is not None and self._adapter_scorer is not None:
-            score = await self._until_available("completion", lambda: self.score_adapter(messages, adapter))
+        if cfg.adapter is not None and self._adapter_scorer is not None:
+            scorer, model = self._adapter_scorer, cfg.adapter
+            prompt, _ = await self._prompt(self.prompts.completion_adapter, ctx)
         else:
-            prompt, _ = self.prompts.completion_instruct(messages)
-            model = self.config.vllm.base_model
-            score = await self._until_available("completion", lambda: self._instruct_scorer.score(model, prompt))
+            scorer, model = self._instruct_scorer, self.config.vllm.base_model
+            prompt, _ = await self._prompt(self.prompts.completion_instruct, ctx)
+        score = await self._until_available("completion", lambda: scorer.score(model, prompt))
         self._budget(label, cfg).spend(score.generated_tokens)
         self.metrics.p_end.labels(label).observe(score.p_end)
         self._verdicts.put(key, score)
@@ -229,7 +243,7 @@ class ScoringHooks:
         """
         if self._adapter_scorer is None:
             raise ConfigError(f"the end tag {self.config.completion.end_tag!r} is not a token of the tokenizer")
-        prompt, _ = self.prompts.completion_adapter(messages)
+        prompt, _ = await self._off_loop(lambda: self.prompts.completion_adapter(messages))
         return await self._adapter_scorer.score(adapter, prompt)
 
     def on_turn_closed(self, ctx: TurnContext) -> HookResult:
@@ -302,7 +316,7 @@ class ScoringHooks:
             newest = self._latest_turn.get(ctx.conversation_id)
             if tc.skip_superseded and newest is not None and newest > ctx.turn:
                 return self._skip("tree", label, "superseded")
-            prompt, dropped = self.prompts.tree(self._messages(ctx))
+            prompt, dropped = await self._prompt(self.prompts.tree, ctx)
             model = cfg.tree_model or self.config.vllm.base_model
             tree = await self._until_available("tree", lambda: self._tree.expand(model, prompt))
             bucket.spend(tree.generated_tokens)

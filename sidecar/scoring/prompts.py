@@ -38,29 +38,30 @@ def fit(
     messages: Sequence[Message],
     build: Callable[[Sequence[Message]], list[int]],
     max_tokens: int,
-    *,
-    tail: bool = False,
 ) -> tuple[list[int], int]:
     """Encode with ``build`` and make it fit ``max_tokens``; returns (ids, turns dropped).
 
-    By default the oldest turns are dropped (the preamble is kept) until it fits. With ``tail`` the
-    prompt is the last ``max_tokens`` ids of the whole encoding, no turn dropped: the window the
-    project's adapters are trained on (ids of the full rendering, left-truncated). Dropping turns
-    would renumber them (``TURN 1`` again) and start the window at a block header, a text the
-    adapter never saw in training.
+    The oldest turns are dropped (the preamble is kept) until it fits: the fewest turns that make
+    it fit, found by bisection (a prompt's length falls as turns are dropped), so a conversation of
+    n turns costs O(log n) encodings, not n.
     """
     ids = build(messages)
     if len(ids) <= max_tokens:
         return ids, 0
-    if tail:
-        return ids[-max_tokens:], 0
     starts = _turn_starts(messages)
     head = list(messages[: starts[0]]) if starts else []
-    for dropped, start in enumerate(starts[1:], start=1):
-        ids = build(head + list(messages[start:]))
+    best: tuple[list[int], int] | None = None
+    lo, hi = 1, len(starts) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        ids = build(head + list(messages[starts[mid] :]))
         if len(ids) <= max_tokens:
-            return ids, dropped
-    raise PromptTooLong(f"prompt of {len(ids)} tokens exceeds {max_tokens} even with one turn")
+            best, hi = (ids, mid), mid - 1
+        else:
+            lo = mid + 1
+    if best is None:
+        raise PromptTooLong(f"prompt of {len(ids)} tokens exceeds {max_tokens} even with one turn")
+    return best
 
 
 class PromptBuilder:
@@ -88,17 +89,27 @@ class PromptBuilder:
         self.tail = tail_truncation
         self.forbidden = (*tokenizer.special_strings, end_tag)
 
-    def _paper(self, messages: Sequence[Message], tail: Sequence[Segment] = ()) -> list[int]:
+    def _paper(
+        self, messages: Sequence[Message], tail: Sequence[Segment] = (), *, keep_last: int | None = None
+    ) -> list[int]:
         segments = render_segments(messages, self.forbidden) + list(tail)
-        return self.tok.encode_segments(segments, add_bos=self.paper_bos, specials_in_markup=False)
+        return self.tok.encode_segments(segments, add_bos=self.paper_bos, specials_in_markup=False, keep_last=keep_last)
 
     def _chat(self, chat: Sequence[ChatMessage], *, partial: bool) -> list[int]:
         segments = self.tok.render_chat(chat, add_generation_prompt=not partial, continue_final_message=partial)
         return self.tok.encode_segments(segments, add_bos=not self.tok.starts_with_bos(segments))
 
     def completion_adapter(self, messages: Sequence[Message]) -> tuple[list[int], int]:
-        """``render(c_k)``: the adapter's training input format."""
-        return fit(messages, self._paper, self.max_prompt_tokens, tail=self.tail)
+        """``render(c_k)``: the adapter's training input format.
+
+        With ``tail`` the prompt is the last ``max_prompt_tokens`` ids of the whole rendering, no
+        turn dropped: the window the project's adapters are trained on (ids of the full rendering,
+        left-truncated). Dropping turns would renumber them (``TURN 1`` again) and start the window
+        at a block header, a text the adapter never saw in training.
+        """
+        if self.tail:
+            return self._paper(messages, keep_last=self.max_prompt_tokens), 0
+        return fit(messages, self._paper, self.max_prompt_tokens)
 
     def completion_instruct(self, messages: Sequence[Message]) -> tuple[list[int], int]:
         """Appendix B.2: transcript + instruction as a user message; the assistant answers."""
@@ -122,17 +133,22 @@ class PromptBuilder:
     def tree(self, messages: Sequence[Message], assistant_prefix: str = "") -> tuple[list[int], int]:
         """The conversation so far plus a partial assistant response (paper Listing 2)."""
 
+        def paper_tail(msgs: Sequence[Message]) -> list[Segment]:
+            tail = [Segment(next_step_header(msgs, "assistant"), trusted=True)]
+            if assistant_prefix:
+                tail.append(Segment(assistant_prefix, trusted=False))
+            return tail
+
         def build(msgs: Sequence[Message]) -> list[int]:
             if self.tree_chat:
                 chat = [ChatMessage.untrusted(m.role, _chat_content(m)) for m in msgs]
                 chat.append(ChatMessage.untrusted("assistant", assistant_prefix))
                 return self._chat(chat, partial=True)
-            tail = [Segment(next_step_header(msgs, "assistant"), trusted=True)]
-            if assistant_prefix:
-                tail.append(Segment(assistant_prefix, trusted=False))
-            return self._paper(msgs, tail)
+            return self._paper(msgs, paper_tail(msgs))
 
-        return fit(messages, build, self.max_prompt_tokens, tail=self.tail and not self.tree_chat)
+        if self.tail and not self.tree_chat:
+            return self._paper(messages, paper_tail(messages), keep_last=self.max_prompt_tokens), 0
+        return fit(messages, build, self.max_prompt_tokens)
 
 
 def _chat_content(m: Message) -> str:

@@ -152,25 +152,46 @@ class SafeTokenizer:
         return ids
 
     def encode_segments(
-        self, segments: Sequence[Segment], *, add_bos: bool = True, specials_in_markup: bool = True
+        self,
+        segments: Sequence[Segment],
+        *,
+        add_bos: bool = True,
+        specials_in_markup: bool = True,
+        keep_last: int | None = None,
     ) -> list[int]:
         """Encode a rendered prompt; untrusted segments are also text-escaped first.
 
         ``specials_in_markup=False`` encodes the trusted segments with special-token matching off
         as well: the paper format needs no special token in its markup, so none can appear at all
         (this is also how the project's adapters tokenise their training text).
+
+        ``keep_last=n`` returns the last ``n`` ids of the same encoding, encoding segments from the
+        end only until ``n`` ids are known: the cost follows the window, not the conversation.
         """
-        ids: list[int] = [self.bos_id] if add_bos and self.bos_id is not None else []
-        for seg in segments:
+        if keep_last is not None and keep_last <= 0:
+            return []
+        chunks: list[list[int]] = []
+        have = 0
+        for seg in reversed(segments):
+            if keep_last is not None and have >= keep_last:
+                break
             if not seg.text:
                 continue
-            if seg.trusted and specials_in_markup:
-                ids.extend(self.encode_trusted(seg.text))
-            elif seg.trusted:
-                ids.extend(self.encode_untrusted(seg.text))
-            else:
-                ids.extend(self.encode_untrusted(escape_content(seg.text, self.special_strings)))
-        return ids
+            ids = self._encode_segment(seg, specials_in_markup)
+            chunks.append(ids)
+            have += len(ids)
+        else:
+            if add_bos and self.bos_id is not None:
+                chunks.append([self.bos_id])
+        out = [i for chunk in reversed(chunks) for i in chunk]
+        return out if keep_last is None else out[-keep_last:]
+
+    def _encode_segment(self, seg: Segment, specials_in_markup: bool) -> list[int]:
+        if seg.trusted and specials_in_markup:
+            return self.encode_trusted(seg.text)
+        if seg.trusted:
+            return self.encode_untrusted(seg.text)
+        return self.encode_untrusted(escape_content(seg.text, self.special_strings))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return str(self._trusted.decode(list(ids), skip_special_tokens=skip_special_tokens))

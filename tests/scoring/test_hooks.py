@@ -327,3 +327,34 @@ async def test_tokenizer_without_the_end_tag_serves_the_instruct_variant_only(to
     out = await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent=None)))
     assert out["variant"] == "instruct"
     assert lm.requests[0]["model"] == "base"
+
+
+async def test_prompt_building_runs_off_the_event_loop(tok_dir: Path) -> None:
+    """Redaction and tokenisation grow with the conversation: they must never hold the loop that
+    carries every partition and the Kafka heartbeat."""
+    import threading
+
+    hooks, _, _ = _hooks(tok_dir, redaction={"enabled": True})
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    for name in ("completion_adapter", "completion_instruct", "tree"):
+        real = getattr(hooks.prompts, name)
+
+        def spy(*a: Any, _real: Any = real, **k: Any) -> Any:
+            seen.append(threading.get_ident())
+            return _real(*a, **k)
+
+        setattr(hooks.prompts, name, spy)
+    real_redact = hooks._redactor.redact_messages  # type: ignore[union-attr]
+
+    def redact_spy(msgs: Any) -> Any:
+        seen.append(threading.get_ident())
+        return real_redact(msgs)
+
+    hooks._redactor.redact_messages = redact_spy  # type: ignore[union-attr,method-assign]
+    await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT)))
+    await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent="unknown-agent")))
+    await run(hooks.on_user_message(_ctx("user_message", TRAVEL, cid="c2")))
+    assert len(seen) >= 6
+    assert loop_thread not in seen
+    await hooks.stop()

@@ -204,3 +204,43 @@ def test_template_that_raises_is_a_config_error(tmp_path: Path) -> None:
     tok = SafeTokenizer.from_model_dir(tmp_path)
     with pytest.raises(ConfigError, match="alternate"):
         tok.render_chat([ChatMessage.untrusted("user", "x")])
+
+
+def _linear_fit(builder: PromptBuilder, messages: list[Message], limit: int) -> tuple[list[int], int] | None:
+    """The obvious reference: drop the oldest turns one at a time until it fits."""
+    starts = [i for i, m in enumerate(messages) if m.role == "user"]
+    head = messages[: starts[0]] if starts else []
+    for dropped in range(len(starts)):
+        ids = builder._paper(head + messages[starts[dropped] :])
+        if len(ids) <= limit:
+            return ids, dropped
+    return None
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    turns=st.lists(st.tuples(st.text(max_size=60), st.text(max_size=60)), min_size=1, max_size=12),
+    limit=st.integers(8, 400),
+    system=st.booleans(),
+)
+def test_turn_dropping_by_bisection_equals_dropping_one_at_a_time(
+    builder: PromptBuilder, turns: list[tuple[str, str]], limit: int, system: bool
+) -> None:
+    messages = [Message("system", "policy")] if system else []
+    messages += [m for u, a in turns for m in (Message("user", u), Message("assistant", a))]
+    small = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=limit)
+    expected = _linear_fit(builder, messages, limit)
+    if expected is None:
+        with pytest.raises(PromptTooLong):
+            small.completion_adapter(messages)
+    else:
+        assert small.completion_adapter(messages) == expected
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.text(max_size=30), min_size=1, max_size=10), keep=st.integers(0, 300))
+def test_keep_last_is_the_tail_of_the_full_encoding(tok: SafeTokenizer, texts: list[str], keep: int) -> None:
+    segments = [Segment(t, trusted=i % 2 == 0) for i, t in enumerate(texts)]
+    full = tok.encode_segments(segments, specials_in_markup=False)
+    expected = full[-keep:] if keep else []
+    assert tok.encode_segments(segments, specials_in_markup=False, keep_last=keep) == expected
