@@ -21,6 +21,7 @@ from sidecar.stage.pipeline import OutcomeSink, PostScoreStage
 from sidecar.state.hooks import CompositeHooks, ConversationHooks, HookResult, Outcome, RecordingHooks, TurnContext
 from sidecar.telemetry.http import HttpServer
 from sidecar.telemetry.logging import configure_logging
+from sidecar.telemetry.loop_lag import LoopLagMonitor
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ async def run_app(
     registry = registry or CollectorRegistry()
     ProcessCollector(registry=registry)  # process_resident_memory_bytes & co., for the memory bound
     metrics = StreamMetrics(registry)
+    lag = LoopLagMonitor(registry)
     assembly = build_hooks(config, registry)
     if hooks is not None:
         assembly.hooks = hooks
@@ -142,8 +144,10 @@ async def run_app(
             ready.set()
         async with asyncio.TaskGroup() as tg:
             runner = tg.create_task(source.run(), name="kafka-source")
+            probe = tg.create_task(lag.run(), name="loop-lag")
             await stop.wait()
             runner.cancel()
+            probe.cancel()
     finally:
         # Source first: it drains and commits while the scorers can still finish effects.
         await source.stop()

@@ -107,7 +107,8 @@ def _seconds(text: str) -> float:
 def add_demo_parser(subparsers: Any, add_config_arg: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register ``sidecar demo`` on the root parser's subparsers."""
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "demo", help="replay sample conversations through the sidecar on a local mock Kafka",
+        "demo",
+        help="replay sample conversations through the sidecar on a local mock Kafka",
         description=(
             "Start a mock Kafka cluster, run the sidecar against it, and replay sample conversations "
             "(bundled, or --input) as events at --rate, --concurrency conversations interleaved. "
@@ -115,27 +116,60 @@ def add_demo_parser(subparsers: Any, add_config_arg: Callable[[argparse.Argument
         ),
     )
     add_config_arg(p)
-    p.add_argument("--rate", type=_rate, default=200.0, metavar="EVENTS_PER_S",
-                   help="events produced per second (default 200)")
-    p.add_argument("--conversations", type=_count("--conversations", 10_000_000), default=None, metavar="N",
-                   help="replay the first N conversations (default: all of the sample)")
-    p.add_argument("--concurrency", type=_count("--concurrency", MAX_CONCURRENCY), default=20, metavar="N",
-                   help="conversations in progress at once, their events interleaved (default 20)")
-    p.add_argument("--loop", action="store_true",
-                   help="replay forever, each round under new conversation ids")
+    p.add_argument(
+        "--rate", type=_rate, default=200.0, metavar="EVENTS_PER_S", help="events produced per second (default 200)"
+    )
+    p.add_argument(
+        "--conversations",
+        type=_count("--conversations", 10_000_000),
+        default=None,
+        metavar="N",
+        help="replay the first N conversations (default: all of the sample)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_count("--concurrency", MAX_CONCURRENCY),
+        default=20,
+        metavar="N",
+        help="conversations in progress at once, their events interleaved (default 20)",
+    )
+    p.add_argument("--loop", action="store_true", help="replay forever, each round under new conversation ids")
     p.add_argument("--seed", type=int, default=0, help="seed of the interleaving (default 0)")
-    p.add_argument("--http-port", type=_port, default=None, metavar="PORT",
-                   help="serve /metrics, /healthz, /readyz here (0: any free port; default: config)")
-    p.add_argument("--input", type=Path, default=None, metavar="FILE",
-                   help="replay this gzipped JSONL file of conversations instead of the bundled sample")
-    p.add_argument("--linger", type=_seconds, default=None, metavar="SECONDS",
-                   help="stop this long after the last event (default: keep running until Ctrl-C)")
-    p.add_argument("--scoring", choices=("auto", "on", "off"), default="auto",
-                   help="score completion and response trees on a local vLLM server with the bundled model "
-                        "(auto: when the model and vLLM are installed; default auto)")
-    p.add_argument("--goals", choices=("auto", "on", "off"), default="auto",
-                   help="keep LLM-free goal clusters live, served at /clusters (auto: when the embeddings "
-                        "extra is installed; default auto)")
+    p.add_argument(
+        "--http-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="serve /metrics, /healthz, /readyz here (0: any free port; default: config)",
+    )
+    p.add_argument(
+        "--input",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="replay this gzipped JSONL file of conversations instead of the bundled sample",
+    )
+    p.add_argument(
+        "--linger",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="stop this long after the last event (default: keep running until Ctrl-C)",
+    )
+    p.add_argument(
+        "--scoring",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="score completion and response trees on a local vLLM server with the bundled model "
+        "(auto: when the model and vLLM are installed; default auto)",
+    )
+    p.add_argument(
+        "--goals",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="keep LLM-free goal clusters live, served at /clusters (auto: when the embeddings "
+        "extra is installed; default auto)",
+    )
     p.set_defaults(handler=run_demo)
 
 
@@ -173,7 +207,7 @@ def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> i
     """``sidecar demo`` handler; returns the process exit code."""
     try:
         records, base = _load_inputs(args)
-        overrides: dict[str, Any] = {"http": {"port": _http_port(args, base)}}
+        overrides: dict[str, Any] = {"http": {"port": _http_port(args, base), "host": _http_host(base)}}
         server, reason = _plan_models(args, overrides)
     except (SampleError, ConfigError, ValueError) as exc:
         print(f"sidecar demo: {exc}", file=sys.stderr)
@@ -218,6 +252,12 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Sequence[dict[str, Any]], Si
     return records, base
 
 
+def _http_host(base: SidecarConfig) -> str:
+    # A demo on a laptop serves this machine only, unless a config file asks for another address
+    # (`sidecar run` keeps 0.0.0.0: in a pod, Prometheus scrapes it from another host).
+    return base.http.host if "host" in base.http.model_fields_set else "127.0.0.1"
+
+
 def _http_port(args: argparse.Namespace, base: SidecarConfig) -> int:
     port: int = args.http_port if args.http_port is not None else base.http.port
     if port == 0:
@@ -244,20 +284,29 @@ def _plan_models(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[L
 async def _start_scoring(server: LocalVllmServer | None) -> None:
     if server is None:
         return
-    print(f"starting vLLM on the bundled model at {server.base_url} (1-2 minutes on a CPU)...",
-          file=sys.stderr, flush=True)
+    print(
+        f"starting vLLM on the bundled model at {server.base_url} (1-2 minutes on a CPU)...",
+        file=sys.stderr,
+        flush=True,
+    )
     await server.wait_ready()
     print("vLLM ready: scoring completion and response trees", file=sys.stderr, flush=True)
 
 
-async def _demo(config: SidecarConfig, args: argparse.Namespace, records: Sequence[dict[str, Any]],
-                pipeline: Pipeline, server: LocalVllmServer | None = None) -> int:
+async def _demo(
+    config: SidecarConfig,
+    args: argparse.Namespace,
+    records: Sequence[dict[str, Any]],
+    pipeline: Pipeline,
+    server: LocalVllmServer | None = None,
+) -> int:
     await _start_scoring(server)
     return await _replay(config, args, records, pipeline)
 
 
-async def _replay(config: SidecarConfig, args: argparse.Namespace, records: Sequence[dict[str, Any]],
-                  pipeline: Pipeline) -> int:
+async def _replay(
+    config: SidecarConfig, args: argparse.Namespace, records: Sequence[dict[str, Any]], pipeline: Pipeline
+) -> int:
     stop, ready = asyncio.Event(), asyncio.Event()
     registry = CollectorRegistry()
     loop = asyncio.get_running_loop()
@@ -284,14 +333,25 @@ async def _replay(config: SidecarConfig, args: argparse.Namespace, records: Sequ
             if not await _wait_ready(ready, stop, app, display):
                 return await _finish(app, stop, display)
             events = demo_events(records, loop=args.loop, concurrency=args.concurrency, seed=args.seed)
-            producer = asyncio.create_task(produce(
-                config.kafka.bootstrap_servers, config.kafka.topic, events, rate=args.rate,
-                progress=display.progress, stop=stop, stamp_now=True), name="demo-producer")
+            producer = asyncio.create_task(
+                produce(
+                    config.kafka.bootstrap_servers,
+                    config.kafka.topic,
+                    events,
+                    rate=args.rate,
+                    progress=display.progress,
+                    stop=stop,
+                    stamp_now=True,
+                ),
+                name="demo-producer",
+            )
             await asyncio.wait({producer, app}, return_when=asyncio.FIRST_COMPLETED)
             finished = producer.done() and not stop.is_set() and producer.exception() is None
             if finished:
-                display.note(f"replayed all {producer.result()} events; "
-                             + ("Ctrl-C to stop" if args.linger is None else f"stopping in {args.linger:g} s"))
+                display.note(
+                    f"replayed all {producer.result()} events; "
+                    + ("Ctrl-C to stop" if args.linger is None else f"stopping in {args.linger:g} s")
+                )
                 if not app.done():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(_wait_stop_or_app(stop, app), args.linger)
@@ -326,8 +386,7 @@ async def _wait_stop_or_app(stop: asyncio.Event, app: asyncio.Task[None]) -> Non
         stopper.cancel()
 
 
-async def _wait_ready(ready: asyncio.Event, stop: asyncio.Event, app: asyncio.Task[None],
-                      display: DemoDisplay) -> bool:
+async def _wait_ready(ready: asyncio.Event, stop: asyncio.Event, app: asyncio.Task[None], display: DemoDisplay) -> bool:
     """True once the pipeline is ready (or slow to say so); False if it ended or Ctrl-C came first."""
     waiters = {asyncio.create_task(ready.wait()), asyncio.create_task(stop.wait())}
     try:

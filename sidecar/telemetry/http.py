@@ -8,13 +8,17 @@
 * ``GET /<name>`` for each JSON route (``/clusters``...): the callable's result as JSON.
 
 Hostile clients are expected: unknown paths get 404, other methods 405, request bodies over
-``max_request_bytes`` 413 (before any handler runs), over-long request lines or header floods are
-refused by the parser limits set here, and unparseable bytes get a 400 and a closed connection.
+``max_request_bytes`` 413 (before any handler runs), bodies still arriving after
+``request_timeout_seconds`` 408, over-long request lines or header floods are refused by the parser
+limits set here, unparseable bytes get a 400 and a closed connection, and connections beyond
+``max_connections`` get a 503 and are closed at once (counted in
+``sidecar_http_connections_refused_total``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import re
@@ -62,6 +66,51 @@ class HttpMetrics:
             ["handler", "code"],
             registry=registry,
         )
+        self.refused = Counter(
+            "sidecar_http_connections_refused_total",
+            "Connections closed at once because max_connections were already open.",
+            registry=registry,
+        )
+
+
+_BUSY_BODY: Final = b"too many open connections\n"
+_BUSY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+)
+
+
+class _Refusal(asyncio.Protocol):
+    """Answers 503 and closes: the connection costs one write, never a parser or a task."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_BUSY)
+        transport.close()
+
+
+class _ConnectionGate:
+    """Protocol factory in front of aiohttp's server: at most ``limit`` connections open at once."""
+
+    def __init__(self, server: web.Server, limit: int, refused: Counter) -> None:
+        self._server = server
+        self._limit = limit
+        self._refused = refused
+        self.open = 0
+        forget = server.connection_lost
+
+        def connection_lost(handler: Any, exc: BaseException | None) -> None:
+            self.open -= 1
+            forget(handler, exc)
+
+        server.connection_lost = connection_lost  # type: ignore[method-assign,assignment]
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if self.open >= self._limit:
+            self._refused.inc()
+            return _Refusal()
+        self.open += 1
+        return self._server()
 
 
 class HttpServer:
@@ -85,6 +134,7 @@ class HttpServer:
         self._metrics = HttpMetrics(registry)
         self._handlers = _BUILTIN | routes.keys()
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._port: int | None = None
 
     @property
@@ -116,22 +166,32 @@ class HttpServer:
         )
         await runner.setup()
         self._runner = runner
+        assert runner.server is not None
+        gate = _ConnectionGate(runner.server, self._config.max_connections, self._metrics.refused)
         try:
-            site = web.TCPSite(runner, self._config.host, self._config.port)
-            await site.start()
+            self._listener = await asyncio.get_running_loop().create_server(
+                gate, self._config.host, self._config.port, reuse_address=True
+            )
         except BaseException:
             await self.stop()
             raise
-        self._port = int(runner.addresses[0][1])
+        self._port = int(self._listener.sockets[0].getsockname()[1])
         log.info("http.started", host=self._config.host, port=self._port)
 
     async def stop(self) -> None:
         """Close the listening socket and open connections. Idempotent; safe without start()."""
         runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
         if runner is None:
             return
         self._port = None
+        if listener is not None:
+            listener.close()  # stop accepting; the runner closes the open connections
         await runner.cleanup()
+        if listener is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await listener.wait_closed()
         log.info("http.stopped")
 
     async def __aenter__(self) -> HttpServer:
@@ -150,7 +210,12 @@ class HttpServer:
         name = request.path.strip("/")
         label = name if name in self._handlers else "other"
         try:
-            response = await self._check_body(request) or await handler(request)
+            try:
+                async with asyncio.timeout(self._config.request_timeout_seconds):
+                    refusal = await self._check_body(request)
+            except TimeoutError:
+                refusal = _refuse(408, "request body not received in time")
+            response = refusal or await handler(request)
         except web.HTTPException as exc:
             self._metrics.requests.labels(label, str(exc.status)).inc()
             raise
@@ -214,8 +279,12 @@ class HttpServer:
 
 
 def _too_large(limit: int) -> web.Response:
+    return _refuse(413, f"request body over {limit} bytes")
+
+
+def _refuse(status: int, error: str) -> web.Response:
     # Close the connection: the unread rest of the body would otherwise be parsed as the next request.
-    response = web.json_response({"error": f"request body over {limit} bytes"}, status=413)
+    response = web.json_response({"error": error}, status=status)
     response.force_close()
     return response
 

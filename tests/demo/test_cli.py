@@ -32,24 +32,27 @@ from sidecar.state.hooks import RecordingHooks, TurnContext
 FAST = ["--rate", "5000", "--http-port", "0", "--scoring", "off", "--goals", "off"]
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--rate", "0"], "--rate must be more than 0"),
-    (["--rate", "-3"], "--rate must be between"),
-    (["--rate", "nan"], "--rate must be between"),
-    (["--rate", "inf"], "--rate must be between"),
-    (["--rate", "fast"], "--rate must be a number"),
-    (["--rate", "1e9"], "--rate must be between"),
-    (["--conversations", "0"], "--conversations must be between"),
-    (["--conversations", "-5"], "--conversations must be between"),
-    (["--conversations", "2.5"], "--conversations must be a number"),
-    (["--concurrency", "0"], "--concurrency must be between"),
-    (["--http-port", "70000"], "--http-port must be between"),
-    (["--http-port", "-1"], "--http-port must be between"),
-    (["--linger", "-1"], "--linger must be between"),
-    (["--seed", "x"], "invalid int value"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--loop", "extra"], "unrecognized arguments: extra"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rate", "0"], "--rate must be more than 0"),
+        (["--rate", "-3"], "--rate must be between"),
+        (["--rate", "nan"], "--rate must be between"),
+        (["--rate", "inf"], "--rate must be between"),
+        (["--rate", "fast"], "--rate must be a number"),
+        (["--rate", "1e9"], "--rate must be between"),
+        (["--conversations", "0"], "--conversations must be between"),
+        (["--conversations", "-5"], "--conversations must be between"),
+        (["--conversations", "2.5"], "--conversations must be a number"),
+        (["--concurrency", "0"], "--concurrency must be between"),
+        (["--http-port", "70000"], "--http-port must be between"),
+        (["--http-port", "-1"], "--http-port must be between"),
+        (["--linger", "-1"], "--linger must be between"),
+        (["--seed", "x"], "invalid int value"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--loop", "extra"], "unrecognized arguments: extra"),
+    ],
+)
 def test_bad_arguments_exit_2_with_a_clear_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -64,8 +67,17 @@ def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["demo", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for flag in ["--rate", "--conversations", "--concurrency", "--loop", "--seed", "--config",
-                 "--http-port", "--input", "--linger"]:
+    for flag in [
+        "--rate",
+        "--conversations",
+        "--concurrency",
+        "--loop",
+        "--seed",
+        "--config",
+        "--http-port",
+        "--input",
+        "--linger",
+    ]:
         assert flag in out
 
 
@@ -131,12 +143,18 @@ class _IdHooks(RecordingHooks):
         return super().on_conversation_ended(ctx)
 
 
-def _interrupt_when(done: Callable[[CollectorRegistry, _IdHooks], bool], hooks: _IdHooks,
-                    timeout_seconds: float = 90.0) -> demo_cli.Pipeline:
+def _interrupt_when(
+    done: Callable[[CollectorRegistry, _IdHooks], bool], hooks: _IdHooks, timeout_seconds: float = 90.0
+) -> demo_cli.Pipeline:
     """The real run_app, plus a watcher that presses Ctrl-C (SIGINT to this process) once done()."""
 
-    async def pipeline(config: SidecarConfig, *, ready: asyncio.Event | None = None,
-                       stop: asyncio.Event | None = None, registry: CollectorRegistry | None = None) -> None:
+    async def pipeline(
+        config: SidecarConfig,
+        *,
+        ready: asyncio.Event | None = None,
+        stop: asyncio.Event | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         assert registry is not None
 
         async def watch() -> None:
@@ -184,8 +202,25 @@ def test_loop_replays_under_new_ids_until_ctrl_c(capsys: pytest.CaptureFixture[s
     base = {r["conversation_id"] for r in load_sample()[:2]}
     second_round = {f"{c}#r1" for c in base}
     pipeline = _interrupt_when(lambda reg, h: base | second_round <= h.ended, hooks)
-    assert _run(["--conversations", "2", "--loop", "--rate", "200", "--http-port", "0", "--scoring", "off",
-                 "--goals", "off"], pipeline) == 0
+    assert (
+        _run(
+            [
+                "--conversations",
+                "2",
+                "--loop",
+                "--rate",
+                "200",
+                "--http-port",
+                "0",
+                "--scoring",
+                "off",
+                "--goals",
+                "off",
+            ],
+            pipeline,
+        )
+        == 0
+    )
     assert base | second_round <= hooks.ended
     assert all(c.split("#")[0] in base for c in hooks.ended)
     one_round = sum(len(r["turns"]) + 1 for r in load_sample()[:2])
@@ -215,11 +250,18 @@ def test_slow_to_ready_pipeline_still_gets_the_events(
     monkeypatch.setattr(demo_cli, "READY_TIMEOUT_SECONDS", 0.2)
     seen: list[SidecarConfig] = []
     production = tmp_path / "prod.yaml"
-    production.write_text("kafka:\n  bootstrap_servers: kafka.prod:9093\n  security_protocol: SSL\n"
-                          "  topic: agents.prod\n", encoding="utf-8")
+    production.write_text(
+        "kafka:\n  bootstrap_servers: kafka.prod:9093\n  security_protocol: SSL\n  topic: agents.prod\n",
+        encoding="utf-8",
+    )
 
-    async def never_ready(config: SidecarConfig, *, ready: asyncio.Event | None = None,
-                          stop: asyncio.Event | None = None, registry: CollectorRegistry | None = None) -> None:
+    async def never_ready(
+        config: SidecarConfig,
+        *,
+        ready: asyncio.Event | None = None,
+        stop: asyncio.Event | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         assert stop is not None
         seen.append(config)
         await stop.wait()
@@ -236,13 +278,47 @@ def test_slow_to_ready_pipeline_still_gets_the_events(
     assert config.kafka.topic == "agents.prod"  # everything else comes from the file
 
 
+@pytest.mark.parametrize(("config_text", "host"), [(None, "127.0.0.1"), ("http:\n  host: 0.0.0.0\n", "0.0.0.0")])
+def test_demo_binds_loopback_unless_the_config_names_an_address(
+    tmp_path: Path, config_text: str | None, host: str
+) -> None:
+    seen: list[SidecarConfig] = []
+
+    async def quits(config: SidecarConfig, **_: Any) -> None:
+        seen.append(config)
+
+    extra: list[str] = []
+    if config_text is not None:
+        (tmp_path / "c.yaml").write_text(config_text, encoding="utf-8")
+        extra = ["--config", str(tmp_path / "c.yaml")]
+    _run(["--conversations", "1", *extra, *FAST], quits)
+    [config] = seen
+    assert config.http.host == host
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_real_process_stops_cleanly_on_signal(sig: signal.Signals) -> None:
     """`python -m sidecar demo` as a user runs it: the signal comes from outside, exit is clean."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "demo", "--conversations", "3", "--rate", "2000", "--http-port", "0",
-         "--scoring", "off", "--goals", "off"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "demo",
+            "--conversations",
+            "3",
+            "--rate",
+            "2000",
+            "--http-port",
+            "0",
+            "--scoring",
+            "off",
+            "--goals",
+            "off",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "SIDECAR_LOGGING__FORMAT": "json"},
     )
     try:
@@ -271,8 +347,13 @@ def test_real_process_stops_cleanly_on_signal(sig: signal.Signals) -> None:
 
 
 def test_ctrl_c_before_ready_stops_without_replaying(capsys: pytest.CaptureFixture[str]) -> None:
-    async def slow_start(config: SidecarConfig, *, ready: asyncio.Event | None = None,
-                         stop: asyncio.Event | None = None, registry: CollectorRegistry | None = None) -> None:
+    async def slow_start(
+        config: SidecarConfig,
+        *,
+        ready: asyncio.Event | None = None,
+        stop: asyncio.Event | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         assert stop is not None
         asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGINT)
         await stop.wait()
@@ -283,8 +364,9 @@ def test_ctrl_c_before_ready_stops_without_replaying(capsys: pytest.CaptureFixtu
     assert "not ready" not in out
 
 
-def test_scoring_on_without_a_model_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scoring_on_without_a_model_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from sidecar.demo import models
 
     monkeypatch.setattr(models, "ARTIFACTS", tmp_path)

@@ -51,8 +51,12 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 async def server(registry: CollectorRegistry) -> AsyncIterator[HttpServer]:
-    srv = HttpServer(_config(), registry, [Flag("kafka"), Flag("vllm")],
-                     json_routes={"clusters": lambda: {"clusters": [{"id": 1, "label": "book a hotel"}]}})
+    srv = HttpServer(
+        _config(),
+        registry,
+        [Flag("kafka"), Flag("vllm")],
+        json_routes={"clusters": lambda: {"clusters": [{"id": 1, "label": "book a hotel"}]}},
+    )
     await srv.start()
     yield srv
     await srv.stop()
@@ -228,8 +232,7 @@ async def test_body_over_limit_is_413(server: HttpServer) -> None:
 
 async def test_announced_length_over_limit_is_413_without_reading_body(server: HttpServer) -> None:
     # The server answers at once and closes; it does not wait for the 1 GB it was promised.
-    raw = await _raw(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n",
-                     read_timeout=4.0)
+    raw = await _raw(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n", read_timeout=4.0)
     assert _status(raw) == 413
     await _still_healthy(server)
 
@@ -276,9 +279,9 @@ async def test_garbage_on_the_socket_does_not_crash(server: HttpServer) -> None:
 
 
 async def test_many_idle_connections_do_not_block_scrapes(server: HttpServer) -> None:
-    conns = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(100)]
+    conns = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(60)]  # limit is 64
     try:
-        for _, w in conns[:50]:
+        for _, w in conns[:30]:
             w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finished
         async with aiohttp.ClientSession() as s, s.get(_url(server, "/metrics")) as r:
             assert r.status == 200
@@ -356,3 +359,39 @@ async def test_half_sent_requests_are_dropped_after_the_idle_timeout(monkeypatch
             async with asyncio.timeout(10):
                 assert await reader.read() == b""  # the server closed it
             writer.close()
+
+
+async def test_slowly_sent_body_gets_408_and_a_closed_connection(registry: CollectorRegistry) -> None:
+    config = HttpConfig(host="127.0.0.1", port=0, max_request_bytes=LIMIT, request_timeout_seconds=0.5)
+    async with HttpServer(config, registry, []) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        async with asyncio.timeout(10):
+            raw = b""
+            while chunk := await reader.read(65536):  # ends when the server closes
+                raw += chunk
+        assert _status(raw) == 408
+        assert loop.time() - t0 < 5
+        writer.close()
+        await _still_healthy(srv)
+    assert registry.get_sample_value("sidecar_http_requests_total", {"handler": "healthz", "code": "408"}) == 1.0
+
+
+async def test_connections_past_the_limit_get_503_then_service_resumes(registry: CollectorRegistry) -> None:
+    config = HttpConfig(host="127.0.0.1", port=0, max_request_bytes=LIMIT, max_connections=8)
+    async with HttpServer(config, registry, []) as srv:
+        held = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(8)]
+        await asyncio.sleep(0.05)
+        raw = await _raw(srv, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", read_timeout=5.0)
+        assert _status(raw) == 503
+        assert registry.get_sample_value("sidecar_http_connections_refused_total") == 1.0
+        for _, w in held:
+            w.close()
+        async with asyncio.timeout(10):
+            while True:  # the server sees the closes on its next loop turns
+                await asyncio.sleep(0.05)
+                raw = await _raw(srv, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                if _status(raw) == 200:
+                    break
