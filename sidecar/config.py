@@ -8,6 +8,7 @@ frozen pydantic model with ``extra="forbid"``: a typo is an error, not a silentl
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +73,21 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid UTF-8") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at top level, not {type(data).__name__}")
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where, never the offending line itself (it may hold a secret)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{exc.problem or exc.context or 'syntax error'}{where}"
+    return type(exc).__name__
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -113,9 +123,23 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         raise ConfigError(format_validation_error(exc)) from exc
 
 
+# Credentials that ride inside a URL: ``scheme://user:password@host`` and the usual query keys.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@")
+_URL_SECRET_QUERY = re.compile(
+    r"(?i)([?&](?:api[_-]?key|key|token|access[_-]?token|auth|password|passwd|secret|sig|signature)=)[^&#\s]*"
+)
+
+
+def mask_url_credentials(text: str) -> str:
+    """``text`` with any credentials embedded in URLs replaced by the mask."""
+    return _URL_SECRET_QUERY.sub(rf"\1{MASK}", _URL_USERINFO.sub(rf"\1{MASK}@", text))
+
+
 def _mask(value: Any) -> Any:
     if isinstance(value, SecretStr):
         return MASK if value.get_secret_value() else ""
+    if isinstance(value, str):
+        return mask_url_credentials(value)
     if isinstance(value, dict):
         return {k: _mask(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -140,5 +164,6 @@ __all__ = [
     "dump_yaml",
     "format_validation_error",
     "load_config",
+    "mask_url_credentials",
     "masked_dict",
 ]

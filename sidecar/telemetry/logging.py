@@ -22,6 +22,7 @@ from typing import Any, Final, TextIO
 
 import structlog
 from pydantic import SecretBytes, SecretStr
+from structlog.tracebacks import ExceptionDictTransformer
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from sidecar.telemetry.config import LoggingConfig
@@ -96,6 +97,12 @@ def _wants_json(config: LoggingConfig, stream: TextIO) -> bool:
         return True
 
 
+# Tracebacks name frames and code lines, never local variables: structlog's defaults print every
+# frame's locals, and a frame holding a conversation or a client with credentials would leak them
+# past the scrubber (which sees only the event's own fields).
+_DICT_TRACEBACKS: Final = structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
+
+
 def _shared_processors() -> list[Processor]:
     return [
         structlog.contextvars.merge_contextvars,
@@ -138,10 +145,12 @@ def configure_logging(config: LoggingConfig, stream: TextIO | None = None) -> No
     if as_json:
         # structlog's fallback serialises an unexpected type as its repr instead of losing the line.
         renderer = structlog.processors.JSONRenderer(serializer=json.dumps, ensure_ascii=False)
-        exc_processors: list[Processor] = [structlog.processors.dict_tracebacks]
+        exc_processors: list[Processor] = [_DICT_TRACEBACKS]
     else:
         colors = bool(getattr(out, "isatty", lambda: False)())
-        renderer = structlog.dev.ConsoleRenderer(colors=colors)
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=colors, exception_formatter=structlog.dev.RichTracebackFormatter(show_locals=False)
+        )
         exc_processors = []
     level = _LEVELS[config.level]
 

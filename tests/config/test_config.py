@@ -118,3 +118,33 @@ def test_cli_usage_errors_exit_2(argv: list[str]) -> None:
                           timeout=60)
     assert proc.returncode == 2
     assert "usage:" in proc.stderr
+
+
+def test_credentials_inside_urls_are_masked_in_show(tmp_path: Path) -> None:
+    p = write(tmp_path, yaml.safe_dump({
+        "scoring": {"vllm": {"base_url": "https://svc:pa55word@vllm.internal:8000/v1"}},
+        "clustering": {"embedding": {"base_url": "http://emb.internal/v1?api_key=abc123&x=1"}},
+    }))
+    out = dump_yaml(load_config(p))
+    assert "pa55word" not in out and "svc:" not in out
+    assert "abc123" not in out
+    assert f"https://{MASK}@vllm.internal:8000/v1" in out
+    assert "x=1" in out  # only the credential is masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "kafka:\n  sasl_password: 'hunter2-secret\n  topic: t\n",  # unterminated quote
+        "kafka:\n  sasl_password: hunter2-secret\n   topic: [\n",  # bad indentation, open flow
+        "kafka: {sasl_password: hunter2-secret, topic: t\n",
+    ],
+)
+def test_yaml_syntax_errors_name_the_place_but_never_echo_the_line(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    message = str(info.value)
+    assert "not valid YAML" in message
+    assert "line " in message
+    assert "hunter2" not in message
+    assert info.value.__cause__ is None  # the YAML error (which quotes the line) is not chained

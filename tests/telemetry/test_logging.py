@@ -228,3 +228,28 @@ def test_no_text_field_value_ever_reaches_the_output(fields: dict[str, Any]) -> 
     structlog.get_logger().info("fuzz.event", **_plant(fields))
     assert SENTINEL not in out.getvalue()
     assert json.loads(out.getvalue())["event"] == "fuzz.event"
+
+
+def _fail_holding_secrets(user_words: str, api_key: SecretStr) -> None:
+    # Locals built at run time: source lines shown in a traceback cannot contain them.
+    raise RuntimeError("scoring failed")
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+@pytest.mark.parametrize("via", ["structlog", "stdlib"])
+def test_tracebacks_never_show_local_variables(fmt: str, via: str) -> None:
+    out = io.StringIO()
+    configure_logging(LoggingConfig(format=fmt), stream=out)
+    try:
+        _fail_holding_secrets(f"my card is {4000 + 111} " * 4, SecretStr("sk-" + "live" + "-abc"))
+    except RuntimeError:
+        if via == "structlog":
+            structlog.get_logger().exception("score.failed")
+        else:
+            logging.getLogger("aiohttp.server").exception("handler failed")
+    text = out.getvalue()
+    assert "RuntimeError" in text
+    assert "_fail_holding_secrets" in text  # the frames are there
+    assert "4111" not in text
+    assert "sk-live" not in text and "live-abc" not in text
+    assert "4111 " not in text
