@@ -23,7 +23,6 @@ MAX_ID_CHARS = 256
 MAX_EVENT_ID_CHARS = 128
 MAX_SEQ = 1_000_000_000
 MAX_DETAIL_CHARS = 400
-_MAX_QUOTED_CHARS = 32
 
 AgentName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
 
@@ -82,18 +81,31 @@ def _canonical_arguments(arguments: str | dict[str, Any]) -> str:
 
 
 _QUOTED = re.compile(r"`([^`]*)(`|$)")
+_ENUM_VALUE = re.compile(r"Invalid enum value .*?(?= - at `|$)", re.DOTALL)
+# What a detail may quote: the contract's own field names, JSON types, and locations built from them
+# (``$.message.tool_calls[3].name``). Anything else quoted came from the record (an unknown field's
+# name): hostile input that can hold a secret or PII, so it is never echoed.
+_CONTRACT_NAMES = frozenset(
+    [*_EventIn.__struct_fields__, *_MessageIn.__struct_fields__, *_ToolCallIn.__struct_fields__]
+)
+_JSON_TYPES = frozenset(["str", "int", "float", "bool", "null", "object", "array", "number"])
+_LOCATION = re.compile(r"\$(?:\.([a-z_]+)|\[\d{1,6}\])*")
+
+
+def _safe_quote(text: str) -> bool:
+    if text in _CONTRACT_NAMES or text in _JSON_TYPES:
+        return True
+    if not _LOCATION.fullmatch(text):
+        return False
+    return all(name in _CONTRACT_NAMES for name in re.findall(r"\.([a-z_]+)", text))
 
 
 def _clean_detail(message: str) -> str:
-    """An error message fit for logs and dead-letter headers: quoted parts (which can be field names
-    from the record itself, i.e. hostile input) cut short, printable ASCII only, bounded length.
-    msgspec's messages name the location and the expected type, never the offending value."""
-
-    def cut(m: re.Match[str]) -> str:
-        q = m.group(1)
-        return f"`{q[:_MAX_QUOTED_CHARS]}...`" if len(q) > _MAX_QUOTED_CHARS else m.group(0)
-
-    text = _QUOTED.sub(cut, message[: MAX_DETAIL_CHARS * 4])
+    """An error message fit for logs and dead-letter headers: msgspec's description of what is wrong
+    and where, with anything taken from the record itself (an unknown field's name, an invalid enum
+    value) replaced, printable ASCII only, bounded length."""
+    text = _ENUM_VALUE.sub("Invalid enum value", message[: MAX_DETAIL_CHARS * 4])
+    text = _QUOTED.sub(lambda m: m.group(0) if _safe_quote(m.group(1)) else "`<not shown>`", text)
     text = "".join(c if c.isascii() and c.isprintable() else "?" for c in text)
     return text if len(text) <= MAX_DETAIL_CHARS else text[:MAX_DETAIL_CHARS] + "..."
 

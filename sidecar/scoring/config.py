@@ -2,19 +2,19 @@
 
 Sections: ``vllm`` (endpoint, timeouts, one retry layer, circuit breaker, concurrency),
 ``tokenizer`` (where the served model's tokenizer comes from), ``agents`` (per-agent LoRA adapter
-routing, sampling rates and budgets), ``completion`` and ``tree`` (the two scorers), ``redaction``
-(optional PII removal before any text leaves the sidecar). Env vars follow the root tree, e.g.
+routing, sampling rates and budgets), ``completion`` and ``tree`` (the two scorers). PII redaction
+is not here: it applies where text enters the sidecar (``state.redaction``). Env vars follow the
+root tree, e.g.
 ``SIDECAR_SCORING__VLLM__BASE_URL``.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 DEFAULT_END_TAG = "<|end_of_conversation|>"
 # Paper, Appendix B.2: the instruction given to a model without a completion adapter.
@@ -169,32 +169,6 @@ class UncertaintyThresholds(BaseModel):
     )
 
 
-class RedactionConfig(BaseModel):
-    """Optional PII redaction applied to message content before it is sent to any model."""
-
-    model_config = _frozen
-
-    enabled: bool = Field(False, description="Redact PII before any text leaves the sidecar.")
-    emails: bool = Field(True, description="Replace e-mail addresses.")
-    phone_numbers: bool = Field(True, description="Replace phone numbers.")
-    card_numbers: bool = Field(True, description="Replace payment card numbers (Luhn-checked).")
-    patterns: dict[str, str] = Field(
-        default_factory=dict, description="Extra patterns: replacement label -> regular expression."
-    )
-
-    @field_validator("patterns")
-    @classmethod
-    def _compile(cls, v: dict[str, str]) -> dict[str, str]:
-        for label, pattern in v.items():
-            if not re.fullmatch(r"[A-Z][A-Z0-9_]{0,31}", label):
-                raise ValueError(f"redaction label {label!r} must be UPPER_SNAKE, at most 32 chars")
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"redaction pattern for {label} does not compile: {exc}") from exc
-        return v
-
-
 class SchedulingConfig(BaseModel):
     """How hook work is paced."""
 
@@ -220,7 +194,6 @@ class ScoringConfig(BaseModel):
     completion: CompletionConfig = Field(default_factory=CompletionConfig)
     tree: TreeConfig = Field(default_factory=TreeConfig)
     uncertainty: UncertaintyThresholds = Field(default_factory=UncertaintyThresholds)
-    redaction: RedactionConfig = Field(default_factory=RedactionConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     max_logprobs: int = Field(
         20, ge=1, le=1000, description="The server's --max-logprobs (asking for more is a 400 from vLLM)."

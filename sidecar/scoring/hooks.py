@@ -38,7 +38,6 @@ from sidecar.scoring.schedule import LruCache, TokenBucket, sampled, until_avail
 from sidecar.scoring.tree import TreeBudget, TreeExpander, most_probable_text
 from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from sidecar.transcript.model import Message, prefix_through_turn
-from sidecar.transcript.redact import Redactor
 from sidecar.transcript.tokenize import SafeTokenizer, UnsafeContentError
 
 log = structlog.get_logger()
@@ -47,7 +46,7 @@ T = TypeVar("T")
 GoalLabeler = Callable[[TurnContext], Awaitable[str]]
 _CACHE_SIZE = 4096
 _LATEST_TURNS = 65536  # conversations whose newest user turn is remembered for the tree debounce
-# Redaction and tokenisation scale with a conversation's length: they run on these threads, never
+# Tokenisation scales with a conversation's length: they run on these threads, never
 # on the event loop (the Kafka heartbeat and every other partition share that loop).
 _PROMPT_THREADS = 2
 
@@ -128,12 +127,6 @@ class ScoringHooks:
             stop_strings=() if self.prompts.tree_chat else tc.stop_strings,
             decode=tokenizer.decode,
         )
-        r = config.redaction
-        self._redactor = (
-            Redactor(emails=r.emails, phone_numbers=r.phone_numbers, card_numbers=r.card_numbers, patterns=r.patterns)
-            if r.enabled
-            else None
-        )
         self._goal = goal_labeler or _unknown_goal
         self._budgets: dict[str, TokenBucket] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
@@ -172,9 +165,9 @@ class ScoringHooks:
 
     def _messages(self, ctx: TurnContext) -> Sequence[Message]:
         # c_k: turns 0..k only. A turn closed by the next user message has that message in the
-        # snapshot already, and it is not part of the turn being judged.
-        msgs = prefix_through_turn(ctx.messages, ctx.turn)
-        return self._redactor.redact_messages(msgs) if self._redactor is not None else msgs
+        # snapshot already, and it is not part of the turn being judged. (Messages are redacted on
+        # arrival, when redaction is on: see state.redaction.)
+        return prefix_through_turn(ctx.messages, ctx.turn)
 
     async def _off_loop(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._cpu, fn)
@@ -182,7 +175,7 @@ class ScoringHooks:
     async def _prompt(
         self, build: Callable[[Sequence[Message]], tuple[list[int], int]], ctx: TurnContext
     ) -> tuple[list[int], int]:
-        """Redact c_k and encode its prompt, off the event loop."""
+        """Encode c_k's prompt, off the event loop."""
         return await self._off_loop(lambda: build(self._messages(ctx)))
 
     def _wait(self, kind: str) -> Callable[[], None]:

@@ -15,7 +15,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -38,6 +38,7 @@ from sidecar.state.hooks import ConversationHooks, HookResult, Outcome, TurnCont
 from sidecar.state.memory import MemoryBudget
 from sidecar.state.store import PartitionState, Rejected, Trigger
 from sidecar.telemetry.stream_metrics import StreamMetrics, StreamMetricsCache
+from sidecar.transcript.redact import redactor_for
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +79,7 @@ class PartitionProcessor:
     ) -> None:
         self.partition = partition
         self.state = PartitionState(state_config, budget)
+        self._redactor = redactor_for(state_config.redaction)
         for cid, first_offset in recovery.finished:
             self.state.remember_finished(cid, first_offset)
         self._hooks = hooks
@@ -138,6 +140,8 @@ class PartitionProcessor:
         triggers: list[Trigger] = []
         try:
             event = decode_event(record.value, record.key, max_bytes=self._max_record_bytes)
+            if self._redactor is not None and event.message is not None:
+                event = replace(event, message=self._redactor.redact_message(event.message))
             # A conversation (re)opened from a record at or below the last position a previous owner
             # journaled an outcome for may have outcomes in the journal from J on: it must keep the
             # commit's journal start at J, or a later recovery would read past them and fire again.

@@ -2,7 +2,41 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class RedactionConfig(BaseModel):
+    """Optional PII redaction, applied to every message as it enters the sidecar's state.
+
+    Redacting on arrival covers every path text can take afterwards (scoring and clustering
+    prompts, outcomes that carry text, alerts, training exports): raw text is never held.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(False, description="Redact PII in every message as it arrives, before anything uses it.")
+    emails: bool = Field(True, description="Replace e-mail addresses.")
+    phone_numbers: bool = Field(True, description="Replace phone numbers.")
+    card_numbers: bool = Field(True, description="Replace payment card numbers (Luhn-checked).")
+    patterns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra patterns: replacement label -> regular expression (keep them linear-time: they run "
+        "on every message).",
+    )
+
+    @field_validator("patterns")
+    @classmethod
+    def _compile(cls, v: dict[str, str]) -> dict[str, str]:
+        for label, pattern in v.items():
+            if not re.fullmatch(r"[A-Z][A-Z0-9_]{0,31}", label):
+                raise ValueError(f"redaction label {label!r} must be UPPER_SNAKE, at most 32 chars")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"redaction pattern for {label} does not compile: {exc}") from exc
+        return v
 
 
 class StateConfig(BaseModel):
@@ -51,3 +85,4 @@ class StateConfig(BaseModel):
     )
     sweep_interval_seconds: float = Field(1.0, gt=0, le=3600,
                                           description="How often TTL and debounce timers are checked.")
+    redaction: RedactionConfig = Field(default_factory=RedactionConfig)

@@ -1,4 +1,4 @@
-"""Optional PII redaction, applied to message content before any text leaves the sidecar.
+"""Optional PII redaction, applied to every message as it enters the sidecar's state.
 
 Replaces e-mail addresses, phone numbers, payment card numbers (Luhn-checked, so order numbers of
 the same length survive) and operator-supplied patterns with ``[EMAIL]``, ``[PHONE]``, ``[CARD]``
@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from sidecar.transcript.model import Message, ToolCall
 
@@ -25,6 +26,21 @@ CARD_RE = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
 PHONE_RE = re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,5}\)[ .-]?)?\d{2,5}(?:[ .-]?\d{2,5}){1,4}(?!\w)")
 _MIN_PHONE_DIGITS = 7
 _MAX_PHONE_DIGITS = 15
+
+
+class RedactionSettings(Protocol):
+    """What :func:`redactor_for` reads (``state.redaction`` in the configuration tree)."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def emails(self) -> bool: ...
+    @property
+    def phone_numbers(self) -> bool: ...
+    @property
+    def card_numbers(self) -> bool: ...
+    @property
+    def patterns(self) -> Mapping[str, str]: ...
 
 
 def luhn_ok(digits: str) -> bool:
@@ -84,3 +100,15 @@ class Redactor:
 
     def redact_messages(self, messages: Sequence[Message]) -> list[Message]:
         return [self.redact_message(m) for m in messages]
+
+
+def redactor_for(config: RedactionSettings) -> Redactor | None:
+    """The redactor a configuration asks for, or None when redaction is off."""
+    if not config.enabled:
+        return None
+    return Redactor(
+        emails=config.emails,
+        phone_numbers=config.phone_numbers,
+        card_numbers=config.card_numbers,
+        patterns=config.patterns,
+    )

@@ -30,8 +30,6 @@ def test_enabled_needs_a_tokenizer_dir() -> None:
         {"tree": {"alpha": 0}},
         {"tree": {"alpha": 1.5}},
         {"vllm": {"max_concurrency": 0}},
-        {"redaction": {"patterns": {"lower": "x"}}},
-        {"redaction": {"patterns": {"OK": "("}}},
         {"agents": {"a": {"completion_sample_rate": 2}}},
         {"unknown_key": 1},
     ],

@@ -175,3 +175,19 @@ def test_dead_letter_detail_is_bounded_and_never_echoes_field_names_at_length() 
     assert len(err.value.detail) <= 403
     assert "A" * 40 not in err.value.detail
     assert err.value.detail.isascii() and "\x00" not in err.value.detail
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": "x", "jane.roe@example.org": "4111 1111 1111 1111"},  # unknown field
+        {"role": "my card is 4111 1111 1111 1111", "content": "x"},  # invalid enum value
+    ],
+)
+def test_dead_letter_detail_never_quotes_what_the_record_holds(message: dict[str, Any]) -> None:
+    value = json.dumps(ev(message=message)).encode()
+    with pytest.raises(DecodeError) as err:
+        decode_event(value, b"conv-1", max_bytes=LIMIT)
+    assert err.value.reason == "schema"
+    assert "$.message" in err.value.detail  # still says where
+    assert "jane" not in err.value.detail and "4111" not in err.value.detail

@@ -62,7 +62,7 @@ def _walk(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str, str]
 def config_reference() -> str:
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for path, typ, default, desc in _walk(SidecarConfig, ""):
-        env = "SIDECAR_" + "__".join(p.upper() for p in path.split(".", 1))
+        env = "SIDECAR_" + "__".join(p.upper() for p in path.split("."))
         lines.append(f"| `{path}` (`{env}`) | `{typ}` | `{default}` | {desc} |")
     return "\n".join(lines)
 
