@@ -113,15 +113,27 @@ class ClusteringConfig(BaseModel):
         description="New clusters keep an old id only if their centroids' cosine is at least this.",
     )
     top_n_labels: int = Field(
-        10, ge=1, le=100, description="Goal label values on metrics: the N largest clusters, other, unknown."
+        10,
+        ge=1,
+        le=100,
+        description="Goal values on metrics: the stable ids of the N largest clusters, other, unknown.",
     )
-    max_label_chars: int = Field(48, ge=8, le=200, description="Goal labels are cut to this length.")
+    max_label_chars: int = Field(48, ge=8, le=200, description="Published goal names are cut to this length.")
     keyword_min_document_frequency: int = Field(
         5,
         ge=1,
         description=(
-            "Extractive labels only use words seen in at least this many conversations, so a single "
-            "user's name or number never becomes a metric label."
+            "Extractive labels only use words seen in at least this many conversations of the cluster, so "
+            "a single user's name or number never becomes a label."
+        ),
+    )
+    min_conversations_per_name: int = Field(
+        5,
+        ge=1,
+        description=(
+            "A cluster's name is published (sidecar_goal_info, /clusters) only once the cluster holds at "
+            "least this many conversations; smaller clusters show as unnamed. A floor against one "
+            "conversation's words becoming a name, whatever wrote the label."
         ),
     )
     max_summary_chars: int = Field(600, ge=50, le=20000, description="Summaries are cut to this length.")

@@ -9,9 +9,13 @@ centroid exceeds ``drift_ratio`` x the distance measured at the last run), and f
 awaited; the event loop never blocks. New clusters take the ids of the old ones they match
 (:class:`~sidecar.clustering.ids.ClusterIdRegistry`).
 
-Goal labels for metrics (:meth:`GoalClusterer.goal_label`) are bounded: the labels of the
-``top_n_labels`` largest clusters, ``other`` for the rest, ``unknown`` before the first
-clustering or when a conversation could not be summarised or embedded.
+The goal value on metrics (:meth:`GoalClusterer.goal_label`) is a stable cluster id, never text:
+the ids of the ``top_n_labels`` largest clusters, ``other`` for the rest, ``unknown`` before the
+first clustering or when a conversation could not be summarised or embedded. A re-clustering that
+renames a goal keeps its id, so its series continue. Names are published beside the ids, in
+``sidecar_goal_info{goal,name}`` and ``GET /clusters``, and only for clusters of at least
+``min_conversations_per_name`` conversations (smaller ones are ``unnamed``): one conversation's
+words never become a name, whatever wrote the label.
 
 Completion per goal: whoever knows the verdict calls :meth:`GoalClusterer.record_outcome`
 (before or after the conversation was assigned; both orders work). A cluster's rate is computed
@@ -47,20 +51,25 @@ log = structlog.get_logger()
 
 OTHER = "other"
 UNKNOWN = "unknown"
+UNNAMED = "unnamed"
 _SLUG = re.compile(r"[^a-z0-9 /&+-]+")
 
 
 def metric_label(text: str, max_chars: int) -> str:
     """A label value safe for Prometheus: lower case, a small alphabet, bounded length."""
     slug = " ".join(_SLUG.sub(" ", text.lower()).split())[:max_chars].strip()
-    return slug if slug and slug not in (OTHER, UNKNOWN) else "unnamed"
+    return slug if slug and slug not in (OTHER, UNKNOWN) else UNNAMED
 
 
 @dataclass(slots=True)
 class ClusterInfo:
+    """One live cluster. ``goal`` is its value on metrics (its id, or ``other`` past the top N);
+    ``label`` and ``name`` are None/``unnamed`` while it is too small to be named."""
+
     id: str
-    label: str
-    metric_label: str
+    label: str | None
+    goal: str
+    name: str
     size: int
     complete: int = 0
     incomplete: int = 0
@@ -70,8 +79,9 @@ class ClusterInfo:
         judged = self.complete + self.incomplete
         return {
             "id": self.id,
+            "goal": self.goal,
+            "name": self.name,
             "label": self.label,
-            "metric_label": self.metric_label,
             "size": self.size,
             "assigned_since_clustering": self.assigned_since,
             "complete": self.complete,
@@ -182,7 +192,8 @@ class GoalClusterer:
         return outcome()
 
     def goal_label(self, ctx: TurnContext) -> Awaitable[str]:
-        """The bounded goal label of an ended conversation (shares work with the end hook)."""
+        """The goal value on metrics of an ended conversation: a stable id, other or unknown (shares
+        work with the end hook)."""
         if not self._cfg.enabled:
             return _const(UNKNOWN)
         fut = self._assignment(ctx)
@@ -239,7 +250,7 @@ class GoalClusterer:
     def _label_of(self, cluster_id: str | None) -> str:
         if cluster_id is None or cluster_id not in self._clusters:
             return UNKNOWN
-        return self._clusters[cluster_id].metric_label
+        return self._clusters[cluster_id].goal
 
     def _assignment(self, ctx: TurnContext) -> asyncio.Future[str | None]:
         fut = self._pending.get(ctx.conversation_id)
@@ -374,15 +385,15 @@ class GoalClusterer:
         old = {cid: self._centroids[i] for i, cid in enumerate(self._order)}
         ids = self._ids.match(old, res.centroids, cfg.id_match_min_similarity)
         clusters: dict[str, ClusterInfo] = {}
-        for c, cid in enumerate(ids):
-            clusters[cid] = ClusterInfo(cid, res.labels[c], OTHER, res.sizes[c])
-        taken: set[str] = set()
-        for c, cid in enumerate(ids[: cfg.top_n_labels]):  # ids are in decreasing size order
-            lab = metric_label(res.labels[c], cfg.max_label_chars)
-            if lab in taken:
-                lab = metric_label(f"{lab[: cfg.max_label_chars - len(cid) - 1]} {cid}", cfg.max_label_chars)
-            taken.add(lab)
-            clusters[cid].metric_label = lab
+        for c, cid in enumerate(ids):  # ids are in decreasing size order
+            named = res.sizes[c] >= cfg.min_conversations_per_name
+            clusters[cid] = ClusterInfo(
+                cid,
+                res.labels[c] if named else None,
+                cid if c < cfg.top_n_labels else OTHER,
+                metric_label(res.labels[c], cfg.max_label_chars) if named else UNNAMED,
+                res.sizes[c],
+            )
         for it, a in zip(items, res.assignments.tolist(), strict=True):
             if it.complete is not None:
                 info = clusters[ids[a]]
@@ -400,5 +411,8 @@ class GoalClusterer:
         self._reservoir.decay()
         self.metrics.clusters.set(len(ids))
         self.metrics.cluster_size.clear()
+        self.metrics.goal_info.clear()
         for info in clusters.values():
-            self.metrics.cluster_size.labels(info.metric_label).inc(info.size)
+            self.metrics.cluster_size.labels(info.goal).inc(info.size)
+            if info.goal != OTHER:
+                self.metrics.goal_info.labels(info.goal, info.name).set(1)

@@ -129,12 +129,13 @@ def keywords(text: str) -> set[str]:
 def keyword_label(group: Sequence[str], not_in_group: Sequence[str], *, min_df: int, n_words: int = 3) -> str:
     """The words most typical of ``group`` against ``not_in_group``.
 
-    A word qualifies only if at least ``min(min_df, len(group))`` members use it, so a label is
-    made of words many users typed, never one user's name or number. Ties break alphabetically.
+    A word qualifies only if at least ``min_df`` members use it (never fewer, however small the
+    group), so a label is made of words many users typed, never one user's name or number. Ties
+    break alphabetically.
     """
     pos = Counter(w for s in group for w in keywords(s))
     neg = Counter(w for s in not_in_group for w in keywords(s))
-    need = max(1, min(min_df, len(group)))
+    need = max(1, min_df)
     n_pos, n_neg = max(1, len(group)), max(1, len(not_in_group))
     scored = [(pos[w] / n_pos - neg[w] / n_neg + 0.01 * math.log1p(pos[w]), w) for w in pos if pos[w] >= need]
     scored.sort(key=lambda t: (-t[0], t[1]))

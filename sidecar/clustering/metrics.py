@@ -44,8 +44,14 @@ class ClusteringMetrics:
         self.clusters = Gauge("sidecar_clustering_clusters", "Goal clusters currently live.", registry=registry)
         self.cluster_size = Gauge(
             "sidecar_clustering_goal_conversations",
-            "Reservoir conversations per goal label at the last re-clustering (top N, other).",
+            "Reservoir conversations per goal (stable cluster id; top N, other) at the last re-clustering.",
             ["goal"],
+            registry=registry,
+        )
+        self.goal_info = Gauge(
+            "sidecar_goal_info",
+            "1 per live goal: its stable id (the goal label of every other metric) and its published name.",
+            ["goal", "name"],
             registry=registry,
         )
         self.reservoir = Gauge(

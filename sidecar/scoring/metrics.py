@@ -1,6 +1,7 @@
 """Scoring metrics. Labels are closed sets: ``agent`` is a configured agent name, ``default``
 (no agent on the event) or ``other`` (an agent the config does not list); ``goal`` comes from the
-goal labeler, which bounds it (top N plus ``other``); ``kind``/``reason``/``outcome`` are fixed."""
+goal labeler: a stable goal id, bounded (top N plus ``other`` and ``unknown``), never text; names
+are in ``sidecar_goal_info``; ``kind``/``reason``/``outcome`` are fixed."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class ScoringMetrics:
         )
         self.conversations_ended = Counter(
             "sidecar_conversations_ended_total",
-            "Conversations ended, by final completion verdict and goal.",
+            "Conversations ended, by final completion verdict and goal id (names: sidecar_goal_info).",
             ["agent", "outcome", "goal"],
             registry=registry,
         )

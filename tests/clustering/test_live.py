@@ -106,7 +106,9 @@ async def test_before_any_clustering_labels_are_unknown_then_first_run_starts_by
         assert {c["size"] for c in snap["clusters"]} and len(snap["clusters"]) == 3
         out = await ended(gc, conv("car", 99))
         assert out["goal_id"] in {c["id"] for c in snap["clusters"]}
-        assert "car" in out["goal"]
+        assert out["goal"] == out["goal_id"]  # the metric value is the stable id, never words
+        named = next(c for c in snap["clusters"] if c["id"] == out["goal_id"])
+        assert "car" in named["name"] and "car" in named["label"]
         assert json.loads(json.dumps(snap)) == snap  # what GET /clusters serves
         assert gc.health().ready and "3 clusters" in gc.health().detail
     finally:
@@ -120,10 +122,13 @@ async def test_labels_are_bounded_to_top_n_plus_other_and_unknown() -> None:
     assert await gc.recluster() is True
     snap = gc.snapshot()
     assert len(snap["clusters"]) == 5
-    named = [c["metric_label"] for c in snap["clusters"][:2]]
-    assert all(c["metric_label"] == OTHER for c in snap["clusters"][2:])
+    named = [c["goal"] for c in snap["clusters"][:2]]
+    assert named == [c["id"] for c in snap["clusters"][:2]]
+    assert all(c["goal"] == OTHER for c in snap["clusters"][2:])
     sizes = {s.labels["goal"]: s.value for m in gc.metrics.cluster_size.collect() for s in m.samples}
     assert set(sizes) == {*named, OTHER} and sum(sizes.values()) == 50
+    info = {s.labels["goal"]: s.labels["name"] for m in gc.metrics.goal_info.collect() for s in m.samples}
+    assert info == {c["id"]: c["name"] for c in snap["clusters"][:2]}
     seen = set(await feed(gc, list(GOALS), 3, start=50))
     assert seen <= set(named) | {OTHER, UNKNOWN}
     assert OTHER in seen
@@ -142,7 +147,7 @@ async def test_completion_rate_per_goal_with_outcomes_before_or_after_assignment
     gc.record_outcome("flight-101", False)  # repeated: counted once
     await gc.goal_label(conv("bank", 100))
     gc.record_outcome("bank-100", None)  # unknown verdict: not counted
-    by_label = {c["label"]: c for c in gc.snapshot()["clusters"]}
+    by_label = {c["label"] or "": c for c in gc.snapshot()["clusters"]}
     flight = next(c for lab, c in by_label.items() if "flight" in lab or "airline" in lab)
     assert (flight["complete"], flight["incomplete"], flight["completion_rate"]) == (1, 1, 0.5)
     bank = next(c for lab, c in by_label.items() if "bank" in lab or "account" in lab)
@@ -329,3 +334,38 @@ async def test_summary_failure_falls_back_to_the_users_words() -> None:
     item = gc._reservoir.get("car-3")
     assert item is not None
     assert item.summary == extractive_summary(conv("car", 3).messages, cfg.max_summary_chars)
+
+
+async def test_goal_ids_survive_a_renaming_recluster_and_names_follow() -> None:
+    """A dashboard series is keyed by the goal id: a re-clustering that renames the goal (new
+    members, new words) must keep the id, and the info metric carries the new name."""
+    gc = make(config(top_n_labels=5))
+    await feed(gc, ["flight", "bank"], 12)
+    assert await gc.recluster()
+    before = {c["id"]: c["name"] for c in gc.snapshot()["clusters"]}
+    await feed(gc, ["flight", "bank"], 12, start=12)
+    assert await gc.recluster()
+    after = {c["id"]: c["name"] for c in gc.snapshot()["clusters"]}
+    assert set(after) == set(before)
+    info = {s.labels["goal"]: s.labels["name"] for m in gc.metrics.goal_info.collect() for s in m.samples}
+    assert info == after
+
+
+async def test_small_clusters_are_never_named_after_one_conversation() -> None:
+    """One user who typed a name and a number alone in a cluster: the cluster stays unnamed, on
+    metrics and on /clusters, however the label was written."""
+    gc = make(config(min_conversations=10, keyword_min_document_frequency=2, min_conversations_per_name=3))
+    await feed(gc, ["flight", "bank"], 10)
+    lone = TurnContext(
+        "conversation_ended", "lone", 1,
+        (Message("user", "zebediah kowalczyk 5551234 quetzal xylophone"),), None, None,
+    )
+    await gc.goal_label(lone)
+    assert await gc.recluster()
+    snap = gc.snapshot()
+    text = json.dumps(snap) + repr([s for m in gc.metrics.goal_info.collect() for s in m.samples])
+    for word in ("zebediah", "kowalczyk", "5551234", "quetzal"):
+        assert word not in text
+    small = [c for c in snap["clusters"] if c["size"] < 3]
+    assert small  # the lone conversation got a cluster of its own: the case this test is about
+    assert all(c["name"] == "unnamed" and c["label"] is None for c in small)

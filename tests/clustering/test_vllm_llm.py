@@ -109,7 +109,7 @@ async def test_live_component_in_llm_mode_survives_the_nonsense(vllm_server: Vll
         assert all(c["label"] for c in snap["clusters"])
         new = (Message("user", "book a flight to Oslo"),)
         label = await gc.goal_label(TurnContext("conversation_ended", "new", 1, new, None, None))
-        assert label in {c["metric_label"] for c in snap["clusters"]}
+        assert label in {c["goal"] for c in snap["clusters"]}
     finally:
         await gc.stop()
     assert value(gc.metrics, "llm_calls", "summarize") == 13
