@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sidecar.clustering.cli import add_clusters_parser
 
     add_clusters_parser(sub)
+    from sidecar.judge.cli import add_judge_parser
+
+    add_judge_parser(sub)
     return parser
 
 
