@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
                     help="loss weight of block-opening tokens and the end tag")
     tl.add_argument("--decision-windows", type=_non_negative_int, default=0,
                     help="extra sequences per conversation ending at an earlier turn boundary (c_k + next id)")
+    tl.add_argument("--forgery-windows", type=_non_negative_int, default=0,
+                    help="extra 'continue' sequences per conversation whose user message pastes the rest of "
+                         "the dialogue as text (fake structure must not read as a finished conversation)")
+    tl.add_argument("--max-message-tokens", type=_positive_int, default=None,
+                    help="cap each message at this many ids, head and tail (serve with the same "
+                         "scoring.max_message_tokens)")
     tl.add_argument("--seed", type=int, default=0)
 
     ex = sub.add_parser("export", help="write an adapter directory vLLM loads with --lora-modules")
@@ -151,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         recipe = LoraRecipe(rank=args.rank, alpha=2 * args.rank, epochs=args.epochs, learning_rate=args.lr,
                             batch_size=args.batch_size, max_context_tokens=args.max_context_tokens,
                             seed=args.seed, loss_on=args.loss_on, decision_weight=args.decision_weight,
-                            decision_windows=args.decision_windows)
+                            decision_windows=args.decision_windows, forgery_windows=args.forgery_windows,
+                            max_message_tokens=args.max_message_tokens)
         result = train_lora(args.data, args.datasets, args.base, args.out, recipe,
                             with_end_tag=not args.no_end_tag, max_per_dataset=args.max_per_dataset,
                             max_steps=args.max_steps)

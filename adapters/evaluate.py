@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from adapters.baseline import tail_text, train_classifier
 from adapters.data import messages_from_json, stable_unit
-from adapters.manifest import file_sha256, write_manifest
+from adapters.manifest import file_sha256, message_cap, write_manifest
 from adapters.metrics import binary_metrics
 from adapters.report import write_report
 from adapters.tokenizer import END_TAG, encode_messages, encode_plain, load_tokenizer, special_id
@@ -64,13 +64,16 @@ def load_examples(path: Path, limit: int | None) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: stable_unit(e["conversation_id"], "eval-subset"))[:limit]
 
 
-def sidecar_config(base_url: str, base: Path, max_context_tokens: int) -> ScoringConfig:
+def sidecar_config(
+    base_url: str, base: Path, max_context_tokens: int, max_message_tokens: int | None = None
+) -> ScoringConfig:
     """The scoring config the demo runs the bundled adapter with, pointed at ``base_url``."""
     return ScoringConfig.model_validate({
         "enabled": True,
         "vllm": {"base_url": base_url, "base_model": "base", "max_concurrency": CONCURRENCY},
         "tokenizer": {"model_dir": str(base)},
         "max_prompt_tokens": max_context_tokens,
+        "max_message_tokens": max_message_tokens,
         "prompt_truncation": "tail",
         "completion": {"max_remaining_tokens": 1},
     })
@@ -121,10 +124,16 @@ class SidecarScoring:
             bar.close()
 
 
-def check_prompts(scoring: SidecarScoring, tok: Any, examples: Sequence[Sequence[Message]], window: int) -> None:
+def check_prompts(
+    scoring: SidecarScoring,
+    tok: Any,
+    examples: Sequence[Sequence[Message]],
+    window: int,
+    max_message_tokens: int | None = None,
+) -> None:
     """Raise unless the sidecar's prompt is the training window (ids of the rendering, last ``window``)."""
     for i, msgs in enumerate(examples):
-        if scoring.prompt(msgs) != encode_messages(tok, msgs)[-window:]:
+        if scoring.prompt(msgs) != encode_messages(tok, msgs, max_message_tokens)[-window:]:
             raise PromptMismatchError(f"example {i}: the sidecar's prompt differs from the training window")
 
 
@@ -149,8 +158,10 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
     methods_used: Counter[str] = Counter()
     server = VllmServer(args.base, loras, out_dir / "vllm.log", port=args.port)
     with server:
-        scoring = SidecarScoring(sidecar_config(f"{server.base_url}/v1", args.base, args.max_context_tokens),
-                                 turn_id)
+        cap = message_cap(args.adapter)
+        scoring = SidecarScoring(
+            sidecar_config(f"{server.base_url}/v1", args.base, args.max_context_tokens, cap), turn_id
+        )
         await scoring.hooks.start()
         try:
             for name in args.datasets:
@@ -159,7 +170,7 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
                     if not exs:
                         continue
                     msgs = [messages_from_json(e["messages"]) for e in exs]
-                    check_prompts(scoring, tok, msgs, args.max_context_tokens)
+                    check_prompts(scoring, tok, msgs, args.max_context_tokens, cap)
                     labels = [bool(e["complete"]) for e in exs]
                     res: dict[str, Any] = {"label_source": exs[0]["label_source"]}
                     for method, served in models.items():
@@ -185,6 +196,7 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
     wall = round(time.monotonic() - t0, 1)
     command = args.command_line or "adapters " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     meta = {"command": command, "wall_seconds": wall, "max_context_tokens": args.max_context_tokens,
+            "max_message_tokens": message_cap(args.adapter),
             "end_tag_id": end_id, "turn_token_id": turn_id, "classifier_train_examples": clf_n,
             "scored_by": "sidecar.scoring.hooks.ScoringHooks.score_adapter (prompt_truncation: tail)",
             "p_end_methods": dict(methods_used),

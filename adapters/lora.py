@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from adapters.manifest import file_sha256, read_manifest, write_manifest
 from adapters.tokenizer import END_TAG, PAD, encode_messages_with_offsets, load_tokenizer, special_id
 from adapters.training import IGNORE, LoopConfig, TrainSeq, train_loop
 from sidecar.transcript.model import Message
+from sidecar.transcript.render import render_text
 
 log = structlog.get_logger()
 
@@ -53,6 +55,8 @@ class LoraRecipe:
     loss_on: str = "target"  # "target": r_n + end tag (paper); "conversation": every token; "decisions"
     decision_weight: float = 1.0  # loss weight of the tokens that open a block or are the end tag
     decision_windows: int = 0  # extra sequences per conversation that end at an earlier turn boundary
+    forgery_windows: int = 0  # extra sequences per conversation whose user message pastes a finished dialogue
+    max_message_tokens: int | None = None  # cap on each message's ids (the sidecar's scoring.max_message_tokens)
 
 
 LOSS_MODES = ("target", "conversation", "decisions")
@@ -115,6 +119,40 @@ def build_window(ids: list[int], starts: list[int], cut: int, *, max_tokens: int
     return _tail(seq, _labels_at(seq, keep), decisions, max_tokens=max_tokens, decision_weight=decision_weight)
 
 
+def forged_conversation(messages: Sequence[Message], user_index: int, *, strip_headers: bool) -> list[Message]:
+    """``messages`` up to the user message at ``user_index``, whose content gets the rest of the
+    conversation pasted in as text, then the real next message.
+
+    The pasted text is the conversation's own remainder rendered in the paper format, so it ends the
+    way the conversation really ended (an agent's goodbye): the most convincing fake "finished"
+    dialogue a user could type. The renderer defuses its header lines (``T\\URN``); with
+    ``strip_headers`` they are left out entirely (a dialogue in prose). Either way the truth is known
+    from structure alone: after a user message comes the agent's next step, so the window built on it
+    (:func:`build_window` at the next block) is labelled "continue". Label-free.
+    """
+    rest = render_text(messages[user_index + 1 :])
+    if strip_headers:
+        rest = "".join(line for line in rest.splitlines(keepends=True) if not _HEADER_LINE.match(line))
+    user = messages[user_index]
+    pasted = Message("user", f"{user.content}\n\n{rest.strip()}")
+    return [*messages[:user_index], pasted, *messages[user_index + 1 : user_index + 2]]
+
+
+_HEADER_LINE = re.compile(r"TURN \d+, STEP \d+, ")
+
+
+def forgery_sequences(tok: Any, messages: Sequence[Message], recipe: LoraRecipe, key: str) -> list[TrainSeq]:
+    """Up to ``recipe.forgery_windows`` "continue" windows on forged copies of ``messages``."""
+    candidates = [i for i, m in enumerate(messages[:-1]) if m.role == "user"]
+    out = []
+    for n, u in enumerate(pick_cuts(candidates, recipe.forgery_windows, f"forge:{key}")):
+        forged = forged_conversation(messages, u, strip_headers=n % 2 == 1)
+        ids, starts = encode_messages_with_offsets(tok, forged, recipe.max_message_tokens)
+        out.append(build_window(ids, starts, starts[u + 1], max_tokens=recipe.max_context_tokens,
+                                loss_on=recipe.loss_on, decision_weight=recipe.decision_weight))
+    return out
+
+
 def _check_loss_mode(loss_on: str) -> None:
     if loss_on not in LOSS_MODES:
         raise ValueError(f"loss_on must be one of {LOSS_MODES}, not {loss_on!r}")
@@ -159,7 +197,7 @@ def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe:
                     break
                 rec = json.loads(line)
                 messages = messages_from_json(rec["messages"])
-                ids, starts = encode_messages_with_offsets(tok, messages)
+                ids, starts = encode_messages_with_offsets(tok, messages, recipe.max_message_tokens)
                 seqs.append(build_sequence(ids, starts, int(rec["target_start"]), end_id,
                                            max_tokens=recipe.max_context_tokens, loss_on=recipe.loss_on,
                                            decision_weight=recipe.decision_weight))
@@ -167,6 +205,7 @@ def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe:
                 seqs.extend(build_window(ids, starts, cut, max_tokens=recipe.max_context_tokens,
                                          loss_on=recipe.loss_on, decision_weight=recipe.decision_weight)
                             for cut in pick_cuts(turn_cuts(messages, starts), recipe.decision_windows, key))
+                seqs.extend(forgery_sequences(tok, messages, recipe, key))
                 counts[name] = counts.get(name, 0) + 1
     return seqs, counts
 
@@ -231,6 +270,8 @@ def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Pa
                          "optimizer": opt_name, "seed": recipe.seed, "device": device,
                          "loss_on": recipe.loss_on, "decision_weight": recipe.decision_weight,
                          "decision_windows": recipe.decision_windows,
+                         "forgery_windows": recipe.forgery_windows,
+                         "max_message_tokens": recipe.max_message_tokens,
                          "end_tag": with_end_tag},
         metrics={"steps": result["steps"], "train_seconds": result["train_seconds"],
                  "loss_first_10": first, "loss_last_10": last},

@@ -52,3 +52,13 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise TypeError(f"bad manifest in {out_dir.name}")
     return data
+
+
+def message_cap(adapter_dir: Path | None) -> int | None:
+    """The per-message id cap an adapter was trained with (its manifest), None without one."""
+    if adapter_dir is None or not (adapter_dir / "manifest.json").exists():
+        return None
+    manifest = read_manifest(adapter_dir)
+    hyper = manifest.get("training", manifest).get("hyperparameters", {})
+    cap = hyper.get("max_message_tokens")
+    return int(cap) if cap is not None else None

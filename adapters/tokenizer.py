@@ -31,6 +31,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import render_segments
+from sidecar.transcript.tokenize import ELISION, cap_ids
 
 BOS = "<|begin_of_text|>"
 EOS = "<|end_of_text|>"
@@ -98,20 +99,25 @@ def encode_plain(tok: Tokenizer, text: str) -> list[int]:
         tok.encode_special_tokens = False
 
 
-def encode_messages(tok: Tokenizer, messages: Sequence[Message]) -> list[int]:
-    """Token ids of ``render_text(messages)``, segment-wise (see the module docstring)."""
-    ids: list[int] = []
-    for seg in render_segments(messages, forbidden=SPECIAL_TOKENS):
-        ids.extend(encode_plain(tok, seg.text))
-    return ids
+def encode_messages(tok: Tokenizer, messages: Sequence[Message], max_message_tokens: int | None = None) -> list[int]:
+    """Token ids of ``render_text(messages)``, segment-wise (see the module docstring).
+
+    ``max_message_tokens`` caps each message's content with the sidecar's own
+    :func:`sidecar.transcript.tokenize.cap_ids` (``scoring.max_message_tokens`` when served).
+    """
+    return encode_messages_with_offsets(tok, messages, max_message_tokens)[0]
 
 
-def encode_messages_with_offsets(tok: Tokenizer, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+def encode_messages_with_offsets(
+    tok: Tokenizer, messages: Sequence[Message], max_message_tokens: int | None = None
+) -> tuple[list[int], list[int]]:
     """Like :func:`encode_messages`, also returning the id offset where each message's block starts."""
     ids: list[int] = []
     starts: list[int] = []
+    marker = encode_plain(tok, ELISION) if max_message_tokens is not None else []
     for i, seg in enumerate(render_segments(messages, forbidden=SPECIAL_TOKENS)):
         if i % 3 == 0:  # header, content, separator per message
             starts.append(len(ids))
-        ids.extend(encode_plain(tok, seg.text))
+        piece = encode_plain(tok, seg.text)
+        ids.extend(cap_ids(piece, max_message_tokens, marker) if not seg.trusted else piece)
     return ids, starts

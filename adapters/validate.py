@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from adapters.data import eval_examples, in_truncation_protocol, train_record_conversation
+from adapters.manifest import message_cap
 from adapters.metrics import binary_metrics
 from adapters.tokenizer import END_TAG, PAD, encode_messages, load_tokenizer, special_id
 
@@ -94,7 +95,7 @@ def run_validate(data_dir: Path, datasets: Sequence[str], base: Path, adapter: P
         if not exs:
             log.warning("adapters.validate.empty", dataset=name, skip=skip)
             continue
-        prompts = [encode_messages(tok, m)[-max_context_tokens:] for m, _ in exs]
+        prompts = [encode_messages(tok, m, message_cap(adapter))[-max_context_tokens:] for m, _ in exs]
         labels = [y for _, y in exs]
         p_end, greedy = next_token_probs(model, prompts, end_id, pad_id, desc=name)
         m = binary_metrics(labels, [g == end_id for g in greedy], p_end)

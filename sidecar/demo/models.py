@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +52,25 @@ def scoring_overrides(server: LocalVllmServer) -> dict[str, Any]:
         "vllm": {"base_url": server.base_url, "base_model": server.spec.served_name},
         "tokenizer": {"model_dir": str(server.spec.model_dir)},
         "default_agent": {"adapter": ADAPTER_NAME},
-        # The bundled adapter is trained on the last 256 token ids of a conversation.
+        # The bundled adapter is trained on the last 256 token ids of a conversation, each message
+        # capped as its manifest records: serve exactly that window.
         "max_prompt_tokens": TRAINED_CONTEXT_TOKENS,
+        "max_message_tokens": trained_message_cap(server.spec.lora_modules.get(ADAPTER_NAME)),
         "prompt_truncation": "tail",
         "tree": {"max_depth_tokens": 24, "max_requests": 16},
     }
+
+
+def trained_message_cap(adapter_dir: Path | None) -> int | None:
+    """The per-message cap recorded in an adapter's manifest (``None``: trained without one)."""
+    if adapter_dir is None:
+        return None
+    try:
+        manifest = json.loads((adapter_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    cap = manifest.get("training", {}).get("hyperparameters", {}).get("max_message_tokens")
+    return int(cap) if isinstance(cap, int) else None
 
 
 def clustering_overrides() -> dict[str, Any]:

@@ -207,6 +207,19 @@ class ScoringConfig(BaseModel):
     max_prompt_tokens: int = Field(
         1900, ge=16, description="Longer prompts keep their head (system) and tail (recent turns)."
     )
+    max_message_tokens: int | None = Field(
+        None,
+        ge=16,
+        description="Paper-format prompts: cap every message at this many ids (its head and tail around an "
+        "elision marker), so the last step's header always stays inside the prompt window. Must match what "
+        "the adapter was trained with (its manifest's max_message_tokens); None: no cap.",
+    )
+
+    @model_validator(mode="after")
+    def _message_cap_fits_the_window(self) -> ScoringConfig:
+        if self.max_message_tokens is not None and self.max_message_tokens + 32 > self.max_prompt_tokens:
+            raise ValueError("max_message_tokens must leave at least 32 ids of max_prompt_tokens for the headers")
+        return self
 
     @model_validator(mode="after")
     def _tokenizer_when_enabled(self) -> ScoringConfig:

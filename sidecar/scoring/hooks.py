@@ -89,6 +89,7 @@ class ScoringHooks:
             use_chat_template=cc.instruct_use_chat_template,
             max_prompt_tokens=config.max_prompt_tokens,
             tail_truncation=config.prompt_truncation == "tail",
+            max_message_tokens=config.max_message_tokens,
             paper_bos=config.tokenizer.paper_format_bos,
             tree_use_chat_template=config.tree.use_chat_template,
         )

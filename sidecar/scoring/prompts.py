@@ -78,6 +78,7 @@ class PromptBuilder:
         paper_bos: bool = False,
         tree_use_chat_template: bool = True,
         tail_truncation: bool = False,
+        max_message_tokens: int | None = None,
     ) -> None:
         self.tok = tokenizer
         self.end_tag = end_tag
@@ -87,13 +88,20 @@ class PromptBuilder:
         self.max_prompt_tokens = max_prompt_tokens
         self.paper_bos = paper_bos
         self.tail = tail_truncation
+        self.max_message_tokens = max_message_tokens
         self.forbidden = (*tokenizer.special_strings, end_tag)
 
     def _paper(
         self, messages: Sequence[Message], tail: Sequence[Segment] = (), *, keep_last: int | None = None
     ) -> list[int]:
         segments = render_segments(messages, self.forbidden) + list(tail)
-        return self.tok.encode_segments(segments, add_bos=self.paper_bos, specials_in_markup=False, keep_last=keep_last)
+        return self.tok.encode_segments(
+            segments,
+            add_bos=self.paper_bos,
+            specials_in_markup=False,
+            keep_last=keep_last,
+            max_content_tokens=self.max_message_tokens,
+        )
 
     def _chat(self, chat: Sequence[ChatMessage], *, partial: bool) -> list[int]:
         segments = self.tok.render_chat(chat, add_generation_prompt=not partial, continue_final_message=partial)

@@ -40,6 +40,28 @@ from tokenizers import Tokenizer
 from sidecar.errors import ConfigError, PermanentError
 from sidecar.transcript.render import Segment, escape_content
 
+# Marks the ids a capped message lost (see :func:`cap_ids`). Plain text, encoded as content.
+ELISION = " [...] "
+
+
+def cap_ids(ids: list[int], max_tokens: int | None, marker: Sequence[int]) -> list[int]:
+    """At most ``max_tokens`` ids of one message: its head and tail around ``marker``.
+
+    A cap on every message keeps the header of the last step inside any prompt window of more than
+    ``max_tokens`` plus a header: a message, however long, can no longer push the real structure
+    out of the window (and fill it with text of its own making). The head keeps how the message
+    starts (a request is usually stated first), the tail how it ends (what a completion decision
+    reads). Deterministic per message, so c_k's ids stay a prefix of c_{k+1}'s. Training and
+    serving share this function.
+    """
+    if max_tokens is None or len(ids) <= max_tokens:
+        return ids
+    room = max_tokens - len(marker)
+    if room < 2:
+        raise ValueError(f"max_tokens {max_tokens} leaves no room beside the elision marker")
+    head = room // 3
+    return [*ids[:head], *marker, *ids[len(ids) - (room - head) :]]
+
 
 class UnsafeContentError(PermanentError):
     """Untrusted content encoded to a special token id: the prompt is refused."""
@@ -158,8 +180,12 @@ class SafeTokenizer:
         add_bos: bool = True,
         specials_in_markup: bool = True,
         keep_last: int | None = None,
+        max_content_tokens: int | None = None,
     ) -> list[int]:
         """Encode a rendered prompt; untrusted segments are also text-escaped first.
+
+        ``max_content_tokens`` caps every untrusted segment (a message's content) with
+        :func:`cap_ids`.
 
         ``specials_in_markup=False`` encodes the trusted segments with special-token matching off
         as well: the paper format needs no special token in its markup, so none can appear at all
@@ -178,6 +204,8 @@ class SafeTokenizer:
             if not seg.text:
                 continue
             ids = self._encode_segment(seg, specials_in_markup)
+            if not seg.trusted and max_content_tokens is not None:
+                ids = cap_ids(ids, max_content_tokens, self.encode_untrusted(ELISION))
             chunks.append(ids)
             have += len(ids)
         else:
