@@ -41,8 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_clusters_parser(sub)
     from sidecar.judge.cli import add_judge_parser
+    from sidecar.simulator.cli import add_simulate_parser
 
     add_judge_parser(sub)
+    add_simulate_parser(sub)
     return parser
 
 

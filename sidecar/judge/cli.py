@@ -70,6 +70,7 @@ def add_judge_parser(subparsers: Any) -> None:
     p.add_argument("--structured-output", choices=["json_schema", "vllm_structured_outputs", "none"], default=None,
                    help="override judge.llm.structured_output")
     p.add_argument("--concurrency", type=_positive_int, default=None, help="override judge.llm.max_concurrency")
+    p.add_argument("--max-attempts", type=_positive_int, default=None, help="override judge.llm.max_attempts")
     p.add_argument("--max-transcript-chars", type=_positive_int, default=None,
                    help="override judge.max_transcript_chars (the middle of longer conversations is left out)")
     p.add_argument("--max-message-chars", type=_positive_int, default=None, help="override judge.max_message_chars")
@@ -101,6 +102,17 @@ def _read_small(path: Path, limit: int, what: str) -> str:
         raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
 
 
+# judge.llm field <- command-line option
+_LLM_OVERRIDES = (
+    ("base_url", "base_url"),
+    ("model", "model"),
+    ("max_tokens", "max_tokens"),
+    ("structured_output", "structured_output"),
+    ("max_concurrency", "concurrency"),
+    ("max_attempts", "max_attempts"),
+)
+
+
 def judge_config(args: argparse.Namespace) -> JudgeConfig:
     """The judge section of ``--config`` with the command line's overrides, validated."""
     from sidecar.config import load_config
@@ -109,8 +121,7 @@ def judge_config(args: argparse.Namespace) -> JudgeConfig:
     configure_logging(root.logging)  # to stderr: stdout carries the summary
     base: dict[str, Any] = getattr(root, "judge", JudgeConfig()).model_dump()
     llm = dict(base["llm"])
-    for key, attr in (("base_url", "base_url"), ("model", "model"), ("max_tokens", "max_tokens"),
-                      ("structured_output", "structured_output"), ("max_concurrency", "concurrency")):
+    for key, attr in _LLM_OVERRIDES:
         if getattr(args, attr) is not None:
             llm[key] = getattr(args, attr)
     if args.api_key_env is not None:
