@@ -1,4 +1,4 @@
-"""A scripted chat client for fast unit tests (the real endpoint is tested in test_vllm_judge.py)."""
+"""Scripted chat clients for fast unit tests (the real endpoint is tested in test_vllm_judge.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from sidecar.judge.chat import ChatMessage, ChatReply
 
 Answer = str | BaseException | Callable[[Sequence[ChatMessage]], str]
+Script = Callable[[Sequence[ChatMessage], Mapping[str, Any] | None], str]
 
 
 def accuracy_json(*items: str, explanation: str = "checked every answer") -> str:
@@ -65,3 +66,20 @@ class FakeChatClient:
             raise answer
         text = answer(messages) if callable(answer) else answer
         return ChatReply(text, self.prompt_tokens, self.completion_tokens, "stop")
+
+
+class ScriptedChat:
+    """Answers with ``script(messages, schema)``; a raised exception propagates. Records requests."""
+
+    def __init__(self, script: Script, prompt_tokens: int = 50, completion_tokens: int = 5) -> None:
+        self.script = script
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.requests: list[tuple[list[dict[str, str]], Mapping[str, Any] | None]] = []
+
+    async def chat(
+        self, messages: Sequence[ChatMessage], *, schema: Mapping[str, Any] | None = None, name: str = "answer"
+    ) -> ChatReply:
+        self.requests.append(([dict(m) for m in messages], schema))
+        await asyncio.sleep(0)  # a real request yields to other conversations
+        return ChatReply(self.script(messages, schema), self.prompt_tokens, self.completion_tokens, "stop")
