@@ -20,7 +20,7 @@ from sidecar.errors import PermanentError, RetryableError
 from sidecar.judge.chat import ChatClient, OpenAIChatClient
 from sidecar.judge.config import JudgeConfig
 from sidecar.judge.metrics import JudgeMetrics
-from sidecar.judge.prompts import Dimension, PromptLimits, answer_schema, judge_messages
+from sidecar.judge.prompts import DIMENSIONS, Dimension, PromptLimits, answer_schema, judge_messages
 from sidecar.judge.verdict import DimensionVerdict, JudgeVerdict, parse_dimension
 from sidecar.transcript.model import Message
 
@@ -54,17 +54,19 @@ class TwoDimensionalJudge:
     async def judge(self, messages: Sequence[Message]) -> JudgeVerdict:
         """Both judgements, concurrently, and the decision (complete iff both pass)."""
         t0 = time.monotonic()
+        # Rendering scales with the conversation's length: off the event loop, which the Kafka
+        # heartbeat and every partition share.
+        requests = await asyncio.to_thread(lambda: {d: self.prompt(d, messages) for d in DIMENSIONS})
         async with asyncio.TaskGroup() as tg:
-            acc = tg.create_task(self._dimension("accuracy", messages))
-            comp = tg.create_task(self._dimension("completeness", messages))
+            acc = tg.create_task(self._dimension("accuracy", requests["accuracy"]))
+            comp = tg.create_task(self._dimension("completeness", requests["completeness"]))
         verdict = JudgeVerdict(acc.result(), comp.result())
         errors = verdict.accuracy.error is not None or verdict.completeness.error is not None
         self.metrics.verdicts.labels("error" if errors else verdict.label).inc()
         self.metrics.duration.observe(time.monotonic() - t0)
         return verdict
 
-    async def _dimension(self, dimension: Dimension, messages: Sequence[Message]) -> DimensionVerdict:
-        request = self.prompt(dimension, messages)
+    async def _dimension(self, dimension: Dimension, request: list[dict[str, str]]) -> DimensionVerdict:
         self.metrics.calls.labels(dimension).inc()
         try:
             reply = await self.client.chat(request, schema=answer_schema(dimension), name=f"judge_{dimension}")

@@ -79,6 +79,7 @@ class SimulatedConversation:
                 "num_assistant_turns": sum(1 for m in self.messages if m.role == "assistant"),
                 "num_tool_turns": 0,
                 "success_marked_by": "meta.summary_accepted (the simulated user accepted the final summary)",
+                "split_group": f"goal:{self.goal.goal_id}",  # simulations of one goal stay on one side
                 "goal_id": self.goal.goal_id,
                 "goal": self.goal.goal,
                 "end_reason": self.end_reason,
