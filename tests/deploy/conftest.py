@@ -1,0 +1,126 @@
+"""Fixtures of the deploy tests: the chart's tools, and one running sidecar for the whole session.
+
+The running sidecar is a real ``sidecar run`` process against librdkafka's mock Kafka cluster,
+with scoring on the suite's vLLM server and LLM-free goal clustering on, so that every metric family
+the code registers is on its /metrics. The metric-name test scrapes it; the end-to-end alerting
+test points a real Prometheus at it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sidecar.demo.mock_cluster import MockKafkaCluster
+from sidecar.demo.replay import conversation_events, encode, interleave, load_sample
+from tests.deploy.chart import ToolMissing, helm_binary
+from tests.integration.kafka_support import SidecarProcess, free_port, produce_raw, write_config
+from tests.support.vllm_server import VllmServer
+
+TOPIC = "deploy"
+# Malformed records: each is dead-lettered (invalid_json, not_an_object, schema).
+MALFORMED: tuple[bytes, ...] = (b"{not json", b"[1, 2, 3]", b'{"v": 1, "type": "message"}')
+AGENTS = ("booking", "support")
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    try:
+        return helm_binary()
+    except ToolMissing as exc:
+        pytest.fail(str(exc))
+
+
+def http_get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        body: bytes = resp.read()
+    return body.decode("utf-8")
+
+
+@dataclass
+class RunningSidecar:
+    """A ``sidecar run`` process: its /metrics URL, its Kafka and topic."""
+
+    port: int
+    bootstrap: str
+    topic: str
+    process: SidecarProcess
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def metrics(self) -> str:
+        return http_get(self.metrics_url)
+
+    def produce(self, records: list[tuple[bytes | None, bytes]]) -> None:
+        asyncio.run(produce_raw(self.bootstrap, self.topic, records))
+
+    def produce_conversations(self, count: int, prefix: str) -> None:
+        sample = load_sample()[:count]
+        convs = [
+            conversation_events(r, conversation_id=f"{prefix}-{i}", agent=AGENTS[i % len(AGENTS)])
+            for i, r in enumerate(sample)
+        ]
+        self.produce([encode(e) for e in interleave(convs, concurrency=10, seed=1)])
+
+    def produce_malformed(self, tag: str) -> None:
+        self.produce([(f"bad-{tag}-{i}".encode(), v) for i, v in enumerate(MALFORMED)])
+
+
+def _wait_metrics(sidecar: RunningSidecar, log: Path, deadline_seconds: float) -> None:
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        if not sidecar.process.alive():
+            pytest.fail(f"the sidecar exited:\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            if "sidecar_events_consumed_total" in sidecar.metrics():
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the sidecar's /metrics did not answer:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def running_sidecar(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSidecar]:
+    """``sidecar run`` with scoring and goal clustering on, fed with sample and malformed records."""
+    root = tmp_path_factory.mktemp("deploy-sidecar")
+    port = free_port()
+    with MockKafkaCluster() as kafka:
+        bootstrap = kafka.bootstrap_servers
+        cfg = write_config(
+            root / "sidecar.yaml", bootstrap, TOPIC,
+            http={"host": "127.0.0.1", "port": port},
+            state={"turn_debounce_seconds": 1.0},
+            kafka={"revoke_grace_seconds": 1.0, "revoke_flush_timeout_seconds": 2.0},
+            scoring={
+                "enabled": True,
+                "vllm": {"base_url": vllm_server.base_url, "base_model": vllm_server.base_model},
+                "tokenizer": {"model_dir": str(vllm_server.model_dir)},
+                # Light on the shared server: a few trees and completions are enough to export
+                # every scoring series.
+                "agents": {a: {"adapter": vllm_server.adapter_model, "tree_sample_rate": 0.2} for a in AGENTS},
+                "tree": {"max_depth_tokens": 4, "max_requests": 4},
+                "completion": {"max_remaining_tokens": 4},
+            },
+            clustering={"enabled": True, "mode": "extractive", "k1": 4, "min_conversations": 10,
+                        "recluster_interval_seconds": 2},
+        )  # fmt: skip
+        log = root / "sidecar.log"
+        process = SidecarProcess(cfg, log)
+        sidecar = RunningSidecar(port, bootstrap, TOPIC, process)
+        process.start()
+        try:
+            _wait_metrics(sidecar, log, 120)
+            sidecar.produce_conversations(20, "warm")
+            sidecar.produce_malformed("warm")
+            yield sidecar
+        finally:
+            process.terminate()
