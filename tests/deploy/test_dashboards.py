@@ -1,0 +1,171 @@
+"""The Grafana dashboards: valid against Grafana's own schemas, consistent, and shipped verbatim.
+
+Schemas: tests/deploy/grafana-schema/ (vendored from grafana/grafana-foundation-sdk, see its
+README). That every metric a panel queries is exported is proven against a running sidecar in
+test_metric_names.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.deploy.chart import CHART, render
+from tests.deploy.promql import metric_names
+
+DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
+SCHEMAS = Path(__file__).resolve().parent / "grafana-schema"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+@cache
+def schema(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((SCHEMAS / f"{name}.jsonschema.json").read_text())
+    return loaded
+
+
+def validator(name: str, definition: str) -> jsonschema.Draft7Validator:
+    """A validator for one definition of a vendored schema file."""
+    root = {**schema(name), "$ref": f"#/definitions/{definition}"}
+    return jsonschema.Draft7Validator(root)
+
+
+def load(path: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel that is not a row, rows' nested panels included."""
+    for p in dashboard["panels"]:
+        if p["type"] == "row":
+            yield from p.get("panels", [])
+        else:
+            yield p
+
+
+def errors(v: jsonschema.Draft7Validator, instance: object) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}" for e in v.iter_errors(instance)]
+
+
+def test_there_are_three_dashboards() -> None:
+    assert [p.name for p in DASHBOARDS] == ["fleet-overview.json", "pipeline-health.json", "vllm.json"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_dashboard_matches_grafana_schema(path: Path) -> None:
+    dashboard = load(path)
+    assert errors(validator("dashboard", "Dashboard"), dashboard) == []
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_panel_options_and_queries_match_their_schemas(path: Path) -> None:
+    problems = []
+    for p in panels(load(path)):
+        title = p.get("title")
+        kind = p["type"]
+        if not (SCHEMAS / f"{kind}.jsonschema.json").is_file():
+            problems.append(f"{title}: no vendored schema for panel type {kind}")
+            continue
+        problems += [f"{title} options {e}" for e in errors(validator(kind, "Options"), p.get("options", {}))]
+        custom = p.get("fieldConfig", {}).get("defaults", {}).get("custom")
+        if custom is not None:
+            problems += [f"{title} custom {e}" for e in errors(validator(kind, "FieldConfig"), custom)]
+        for t in p.get("targets", []):
+            problems += [f"{title} target {e}" for e in errors(validator("prometheus", "Dataquery"), t)]
+    assert problems == []
+
+
+def test_the_schemas_catch_mistakes() -> None:
+    """The validation above is not vacuous: typical slips are refused."""
+    good = load(DASHBOARDS[0])
+    bad = json.loads(json.dumps(good))
+    bad["panels"][1]["gridPos"]["width"] = 12
+    assert errors(validator("dashboard", "Dashboard"), bad)
+    target = dict(next(panels(good))["targets"][0])
+    target["exprr"] = target.pop("expr")
+    assert errors(validator("prometheus", "Dataquery"), target)
+    assert errors(validator("timeseries", "Options"), {"legend": {"displayMode": "list"}})
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_layout_ids_and_datasources(path: Path) -> None:
+    dashboard = load(path)
+    ids = [p["id"] for p in dashboard["panels"]] + [q["id"] for r in dashboard["panels"] for q in r.get("panels", [])]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for p in dashboard["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+    for p in panels(dashboard):
+        assert p["datasource"] == DATASOURCE, p["title"]
+        assert p.get("description"), f"{p['title']}: every panel says what it shows"
+        assert p["targets"], p["title"]
+        for t in p["targets"]:
+            assert t["datasource"] == DATASOURCE, p["title"]
+            assert t["expr"].strip(), p["title"]
+
+
+def test_uids_are_unique_and_stable() -> None:
+    uids = [load(p)["uid"] for p in DASHBOARDS]
+    assert uids == ["llm-agent-sidecar-fleet", "llm-agent-sidecar-pipeline", "llm-agent-sidecar-vllm"]
+
+
+def variables(path: Path) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in load(path)["templating"]["list"]}
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_datasource_is_a_variable(path: Path) -> None:
+    ds = variables(path)["datasource"]
+    assert ds["type"] == "datasource"
+    assert ds["query"] == "prometheus"
+
+
+def test_fleet_overview_filters_by_agent_and_goal() -> None:
+    path = CHART / "dashboards" / "fleet-overview.json"
+    v = variables(path)
+    for name in ("agent", "goal"):
+        assert v[name]["type"] == "query"
+        assert v[name]["includeAll"] is True
+    exprs = [t["expr"] for p in panels(load(path)) for t in p["targets"]]
+    assert any('goal=~"$goal"' in e for e in exprs)
+    assert all('agent=~"$agent"' in e for e in exprs if "sidecar_conversations_ended_total" in e)
+
+
+def test_goal_names_come_from_the_info_metric_by_a_join_on_goal() -> None:
+    """Goal labels are stable ids; the names join in from sidecar_goal_info, and a goal without a
+    published name still shows (by its id)."""
+    path = CHART / "dashboards" / "fleet-overview.json"
+    joined = [t for p in panels(load(path)) for t in p["targets"] if "sidecar_goal_info" in t["expr"]]
+    assert len(joined) >= 2
+    for t in joined:
+        assert "on (goal) group_left (name)" in t["expr"]
+        assert "or on (goal)" in t["expr"]
+        assert "{{name}}" in t["legendFormat"]
+
+
+def test_vllm_dashboard_reads_prefix_cache_hits_from_vllm_itself() -> None:
+    exprs = [t["expr"] for p in panels(load(CHART / "dashboards" / "vllm.json")) for t in p["targets"]]
+    names = set().union(*(metric_names(e) for e in exprs))
+    assert {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"} <= names
+
+
+def test_dashboards_are_shipped_verbatim_as_labelled_configmaps() -> None:
+    docs = render(set_values={"dashboards.enabled": "true"})
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]}
+    assert len(maps) == len(DASHBOARDS)
+    shipped = {}
+    for cm in maps.values():
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        shipped.update(cm["data"])
+    assert shipped == {p.name: p.read_text().rstrip("\n") for p in DASHBOARDS}
+    # The template never embeds dashboard JSON: it reads the files.
+    template = (CHART / "templates" / "dashboards.yaml").read_text()
+    assert ".Files.Get" in template
+    assert '"panels"' not in template
