@@ -1,0 +1,105 @@
+"""The alert rules: promtool accepts them, a promtool unit test fires each one, and each has its
+runbook. deploy/prometheus/sidecar-alerts.yaml is the chart's PrometheusRule with the default
+thresholds (the drift test keeps it so)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.chart import DEPLOY, ToolMissing, one, render, rule_groups, scenarios, tool
+
+RULES = DEPLOY / "prometheus" / "sidecar-alerts.yaml"
+UNIT_TESTS = Path(__file__).resolve().parent / "rules-test.yaml"
+RUNBOOKS = DEPLOY / "runbooks"
+SECTIONS = ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation")
+RUNBOOK_BASE = "https://github.com/llm-agent-sidecar/llm-agent-sidecar/blob/main/deploy/runbooks"
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    try:
+        return tool("promtool")
+    except ToolMissing as exc:
+        pytest.fail(str(exc))
+
+
+def promtool_run(binary: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([binary, *args], capture_output=True, text=True, check=False, timeout=120)
+
+
+def alerts() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [r for g in groups for r in g["rules"]]
+
+
+def test_promtool_check_rules(promtool: str) -> None:
+    proc = promtool_run(promtool, "check", "rules", str(RULES))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(alerts())} rules found" in proc.stdout
+
+
+@pytest.mark.parametrize("path", [p for p in scenarios() if "prometheusRule" in p.read_text()], ids=lambda p: p.stem)
+def test_promtool_check_rules_of_each_scenario(promtool: str, helm: str, path: Path, tmp_path: Path) -> None:
+    groups = rule_groups(render([path]))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": groups}))
+    proc = promtool_run(promtool, "check", "rules", str(rules))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_promtool_unit_tests(promtool: str) -> None:
+    proc = promtool_run(promtool, "test", "rules", str(UNIT_TESTS))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_alert_has_a_firing_unit_test() -> None:
+    cases = yaml.safe_load(UNIT_TESTS.read_text())["tests"]
+    fired = {t["alertname"] for c in cases for t in c.get("alert_rule_test", []) if t.get("exp_alerts")}
+    quiet = {t["alertname"] for c in cases for t in c.get("alert_rule_test", []) if not t.get("exp_alerts")}
+    names = {a["alert"] for a in alerts()}
+    assert names - fired == set(), "alerts never shown firing"
+    # Each firing case also lists every alert expected at that time, so look-alike series in the
+    # same test are proven quiet; an explicit quiet case shows the `for` duration or a threshold.
+    assert names - quiet == set(), "alerts never shown quiet"
+
+
+def test_alerts_follow_the_conventions() -> None:
+    names = [a["alert"] for a in alerts()]
+    assert names == [
+        "SidecarCompletionRateDropping", "SidecarUncertainTurnsSpike", "SidecarConsumerLagGrowing",
+        "SidecarCommitStalled", "SidecarDeadLetterRateHigh", "SidecarLlmErrorRateHigh",
+        "SidecarLlmCircuitBreakerOpen", "SidecarScoringBacklog",
+    ]  # fmt: skip
+    for a in alerts():
+        assert re.fullmatch(r"[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]+)+", a["alert"]), a["alert"]
+        assert a["labels"]["severity"] in {"critical", "warning", "info"}
+        assert set(a["annotations"]) == {"summary", "description", "runbook_url"}
+        assert a["annotations"]["runbook_url"] == f"{RUNBOOK_BASE}/{a['alert']}.md"
+        assert a["for"]
+
+
+def test_every_alert_can_be_tuned_from_values(helm: str) -> None:
+    values = yaml.safe_load((DEPLOY.parent / "helm" / "sidecar" / "values.yaml").read_text())
+    assert list(values["prometheusRule"]["alerts"]) == [a["alert"] for a in alerts()]
+    rule = one(render(set_values={"prometheusRule.enabled": "true",
+                                  "prometheusRule.alerts.SidecarCommitStalled.enabled": "false"}), "PrometheusRule")
+    names = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert "SidecarCommitStalled" not in names and len(names) == len(alerts()) - 1
+
+
+def test_every_alert_has_a_runbook() -> None:
+    index = (RUNBOOKS / "README.md").read_text()
+    pages = {p.stem for p in RUNBOOKS.glob("*.md")} - {"README"}
+    assert pages == {a["alert"] for a in alerts()}
+    for a in alerts():
+        text = (RUNBOOKS / f"{a['alert']}.md").read_text()
+        assert text.startswith(f"# {a['alert']}\n")
+        positions = [text.find(s + "\n") for s in SECTIONS]
+        assert all(p > 0 for p in positions) and positions == sorted(positions), a["alert"]
+        assert f"[{a['alert']}.md]({a['alert']}.md)" in index
