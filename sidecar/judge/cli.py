@@ -287,7 +287,11 @@ def run_judge_command(args: argparse.Namespace) -> int:
         **_summary(verdicts),
         "wall_seconds": round(time.monotonic() - t0, 3),
     }
-    _write_outputs(args, cfg, list(zip(examples, verdicts, strict=True)), summary, compare)
+    try:
+        _write_outputs(args, cfg, list(zip(examples, verdicts, strict=True)), summary, compare)
+    except OSError as exc:
+        print(f"sidecar judge: cannot write the results: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     print(
         f"judged {len(verdicts)} examples: {summary['verdicts']}, {summary['calls']} calls, "
         f"{summary['prompt_tokens']} + {summary['completion_tokens']} tokens",

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 
 from sidecar.errors import ConfigError
@@ -203,8 +204,8 @@ async def run_simulation(
     )
     plan = RunPlan(cfg.agent, cfg.tenant, cfg.concurrency, cfg.rate, id_prefix)
     metrics = SimulatorMetrics(registry or CollectorRegistry())
-    await sink.start()
     try:
+        await sink.start()
         return await simulate_all(goals, dialogue, sink, plan, metrics)
     finally:
         await sink.stop()
@@ -226,8 +227,12 @@ def run_simulate_command(args: argparse.Namespace) -> int:
     if not 0 < len(prefix) <= 200:
         raise ConfigError("--id-prefix must be 1-200 characters")
     t0 = time.monotonic()
-    convs = asyncio.run(run_simulation(cfg, args.goals, sink, limit=args.limit, max_file_bytes=args.max_file_bytes,
-                                       id_prefix=prefix))
+    try:
+        convs = asyncio.run(run_simulation(cfg, args.goals, sink, limit=args.limit,
+                                           max_file_bytes=args.max_file_bytes, id_prefix=prefix))
+    except (KafkaError, OSError) as exc:  # the destination, not the endpoints: those end conversations
+        print(f"sidecar simulate: cannot write the events: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     events = getattr(sink, "sent", 0)
     summary = {"goals": str(args.goals), "destination": f"kafka:{args.topic}" if args.kafka else str(args.out),
                **run_summary(convs, events, time.monotonic() - t0)}

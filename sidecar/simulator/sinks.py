@@ -76,7 +76,11 @@ class KafkaEventSink:
             producer = AIOKafkaProducer(
                 bootstrap_servers=self.bootstrap_servers, acks="all", linger_ms=5, client_id=self._client_id
             )
-            await producer.start()
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()  # a producer that could not start still holds its client
+                raise
             self._producer = producer
 
     async def send(self, event: Mapping[str, Any]) -> None:

@@ -79,3 +79,11 @@ def test_an_unreachable_endpoint_is_a_failure_not_a_crash(
     assert rc == 1
     doc = json.loads(summary.read_text())
     assert doc["errors"] == {"accuracy": 1, "completeness": 1} and doc["verdicts"]["undecided"] == 1
+
+
+def test_an_unwritable_output_is_a_failure_with_a_message(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # /proc exists, but no file can be created in it, even by root.
+    rc = main(["judge", str(data), "--base-url", "http://127.0.0.1:9/v1", "--max-attempts", "1", "--output",
+               "/proc/verdicts.jsonl"])  # fmt: skip
+    assert rc == 1
+    assert "cannot write the results" in capsys.readouterr().err

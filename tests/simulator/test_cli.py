@@ -76,3 +76,13 @@ def test_a_file_without_usable_goals_is_refused(tmp_path: Path, capsys: pytest.C
     path.write_text('{"conversation_id": "sgd/1", "meta": {}}\n')
     assert main(base(path, tmp_path)) == 2
     assert "no usable goal" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("destination", [["--kafka", "127.0.0.1:9"], ["--out", "/proc/events.jsonl"]])
+def test_an_unusable_destination_is_a_failure_with_a_message(
+    goals: Path, capsys: pytest.CaptureFixture[str], destination: list[str]
+) -> None:
+    # Nothing listens on port 9; /proc exists but no file can be created in it, even by root.
+    argv = ["simulate", "--goals", str(goals), "--user-url", "http://127.0.0.1:9/v1", *destination]
+    assert main(argv) == 1
+    assert "cannot write the events" in capsys.readouterr().err
