@@ -15,7 +15,7 @@ import yaml
 from tests.deploy.chart import DEPLOY, ToolMissing, one, render, rule_groups, scenarios, tool
 
 RULES = DEPLOY / "prometheus" / "sidecar-alerts.yaml"
-UNIT_TESTS = Path(__file__).resolve().parent / "rules-test.yaml"
+UNIT_TESTS = sorted(Path(__file__).resolve().parent.glob("rules-test*.yaml"))
 RUNBOOKS = DEPLOY / "runbooks"
 SECTIONS = ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation")
 RUNBOOK_BASE = "https://github.com/llm-agent-sidecar/llm-agent-sidecar/blob/main/deploy/runbooks"
@@ -54,12 +54,12 @@ def test_promtool_check_rules_of_each_scenario(promtool: str, helm: str, path: P
 
 
 def test_promtool_unit_tests(promtool: str) -> None:
-    proc = promtool_run(promtool, "test", "rules", str(UNIT_TESTS))
+    proc = promtool_run(promtool, "test", "rules", *map(str, UNIT_TESTS))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_every_alert_has_a_firing_unit_test() -> None:
-    cases = yaml.safe_load(UNIT_TESTS.read_text())["tests"]
+    cases = [c for path in UNIT_TESTS for c in yaml.safe_load(path.read_text())["tests"]]
     fired = {t["alertname"] for c in cases for t in c.get("alert_rule_test", []) if t.get("exp_alerts")}
     quiet = {t["alertname"] for c in cases for t in c.get("alert_rule_test", []) if not t.get("exp_alerts")}
     names = {a["alert"] for a in alerts()}
