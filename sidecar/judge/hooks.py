@@ -27,8 +27,6 @@ from sidecar.judge.metrics import JudgeMetrics
 from sidecar.scoring.schedule import TokenBucket, sampled
 from sidecar.state.hooks import HookResult, Outcome, TurnContext
 
-_NO_WORK: Outcome = {}
-
 
 class JudgeHooks:
     """The judge on the stream's hooks (see the module docstring); a :class:`~sidecar.lifecycle.Component`."""
@@ -59,11 +57,11 @@ class JudgeHooks:
 
     def on_user_message(self, ctx: TurnContext) -> HookResult:
         del ctx
-        return _NO_WORK
+        return {}
 
     def on_turn_closed(self, ctx: TurnContext) -> HookResult:
         del ctx
-        return _NO_WORK
+        return {}
 
     def on_conversation_ended(self, ctx: TurnContext) -> HookResult:
         cfg = self.config
