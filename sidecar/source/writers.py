@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from aiokafka.helpers import create_ssl_context
 
+from sidecar.retry import until_accepted
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import SourceRecord
 from sidecar.telemetry.stream_metrics import StreamMetrics
@@ -109,23 +109,26 @@ async def send_until_acked(
     record would lose an effect, but it makes the sidecar unready at once, with the error named.
     A record the broker refuses for its size is the caller's to shrink: that error propagates.
     """
-    delay = BACKOFF_INITIAL_SECONDS
-    while True:
-        try:
-            fut = await producer.send(**send_kwargs)
-            md = await fut
-        except MessageSizeTooLargeError:
-            raise
-        except KafkaError as exc:
-            permanent = not exc.retriable
-            metrics.results_write_errors.labels("permanent" if permanent else "retryable").inc()
-            health.failed(exc, permanent=permanent)
-            log.warning("kafka.write_failed", target=what, error=type(exc).__name__, retry_in_seconds=delay)
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, BACKOFF_MAX_SECONDS)
-        else:
-            health.ok()
-            return md
+
+    async def send() -> Any:
+        return await (await producer.send(**send_kwargs))
+
+    def failed(exc: BaseException, delay: float) -> None:
+        assert isinstance(exc, KafkaError)
+        permanent = not exc.retriable
+        metrics.results_write_errors.labels("permanent" if permanent else "retryable").inc()
+        health.failed(exc, permanent=permanent)
+        log.warning("kafka.write_failed", target=what, error=type(exc).__name__, retry_in_seconds=round(delay, 2))
+
+    md = await until_accepted(
+        send,
+        retryable=lambda exc: isinstance(exc, KafkaError) and not isinstance(exc, MessageSizeTooLargeError),
+        on_retry=failed,
+        initial_seconds=BACKOFF_INITIAL_SECONDS,
+        cap_seconds=BACKOFF_MAX_SECONDS,
+    )
+    health.ok()
+    return md
 
 
 async def flush_producer(producer: AIOKafkaProducer, timeout_seconds: float) -> bool:
