@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ConfigDict, Field, SecretStr, ValidationError
+from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from sidecar.alerting.config import AlertingConfig
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.errors import ConfigError
 from sidecar.scoring.config import ScoringConfig
@@ -45,6 +46,15 @@ class SidecarConfig(BaseSettings):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     clustering: ClusteringConfig = Field(default_factory=ClusteringConfig)
+    alerting: AlertingConfig = Field(default_factory=AlertingConfig)
+
+    @model_validator(mode="after")
+    def _alerts_topic_is_its_own(self) -> SidecarConfig:
+        sink = self.alerting.sinks.kafka
+        taken = {self.kafka.topic, self.kafka.results_topic, self.kafka.dead_letter_topic}
+        if sink.enabled and sink.topic in taken:
+            raise ValueError("alerting.sinks.kafka.topic must differ from the source, results and dead-letter topics")
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -45,6 +45,7 @@ from sidecar.clustering.llm import ExtractiveGoalLLM, GoalLLM, OpenAIGoalLLM, ex
 from sidecar.clustering.metrics import ClusteringMetrics
 from sidecar.clustering.reservoir import Reservoir, ReservoirItem
 from sidecar.lifecycle import Health
+from sidecar.stage.events import CompletionScored, Effect, GoalAssigned, Scored
 from sidecar.state.hooks import HookResult, Outcome, TurnContext
 
 log = structlog.get_logger()
@@ -187,9 +188,20 @@ class GoalClusterer:
 
         async def outcome() -> Outcome:
             cid = await fut
-            return {"goal_id": cid, "goal": self._label_of(cid)}
+            goal = self._label_of(cid)
+            return Scored({"goal_id": cid, "goal": goal}, [GoalAssigned(goal)])
 
         return outcome()
+
+    # ---------------------------------------------------------------- post-score stage
+
+    name = "goals"
+
+    def offer(self, effect: Effect) -> None:
+        """Final completion verdicts feed the completion rate per goal (a post-score sink)."""
+        final = effect.first(CompletionScored)
+        if effect.ctx.kind == "conversation_ended" and isinstance(final, CompletionScored) and final.final:
+            self.record_outcome(effect.ctx.conversation_id, final.complete)
 
     def goal_label(self, ctx: TurnContext) -> Awaitable[str]:
         """The goal value on metrics of an ended conversation: a stable id, other or unknown (shares

@@ -144,6 +144,12 @@ class TreeConfig(BaseModel):
         description="Skip a tree that has not started yet when a newer user message of the same conversation "
         "arrived (debounce under load).",
     )
+    max_staleness_seconds: float = Field(
+        120.0,
+        ge=0,
+        description="Skip (count as stale) a tree that gets a vLLM slot this long after its user message was "
+        "seen: under overload, fresh turns first (trees wait newest first), stale ones shed. 0: never.",
+    )
     stop_strings: tuple[str, ...] = Field(
         ("\n\nTURN ",),
         description="End of response in the paper format: the next step header starts (unused with a chat "
@@ -156,17 +162,6 @@ class TreeConfig(BaseModel):
     def top_k(self, max_logprobs: int) -> int:
         """K = min(max_logprobs, ceil(1/alpha)): enough alternatives for an exact expansion."""
         return max(1, min(max_logprobs, math.ceil(1.0 / self.alpha - 1e-12)))
-
-
-class UncertaintyThresholds(BaseModel):
-    """When a turn counts as uncertain (metric ``sidecar_uncertain_turns_total``, alerts)."""
-
-    model_config = _frozen
-
-    min_leaves: int = Field(8, ge=1, description="Uncertain if the tree has at least this many leaves...")
-    max_best_logprob: float = Field(
-        -5.0, le=0, description="...or its most probable complete branch is below this logprob."
-    )
 
 
 class SchedulingConfig(BaseModel):
@@ -193,7 +188,6 @@ class ScoringConfig(BaseModel):
     default_agent: AgentConfig = Field(default_factory=AgentConfig)
     completion: CompletionConfig = Field(default_factory=CompletionConfig)
     tree: TreeConfig = Field(default_factory=TreeConfig)
-    uncertainty: UncertaintyThresholds = Field(default_factory=UncertaintyThresholds)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     max_logprobs: int = Field(
         20, ge=1, le=1000, description="The server's --max-logprobs (asking for more is a 400 from vLLM)."

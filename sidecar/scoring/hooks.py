@@ -34,9 +34,11 @@ from sidecar.scoring.completion import CompletionScore, CompletionScorer
 from sidecar.scoring.config import AgentConfig, ScoringConfig
 from sidecar.scoring.metrics import ScoringMetrics
 from sidecar.scoring.prompts import PromptBuilder, PromptTooLong
-from sidecar.scoring.schedule import LruCache, TokenBucket, sampled, until_available
-from sidecar.scoring.tree import TreeBudget, TreeExpander, most_probable_text
+from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
+from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander, most_probable_text
+from sidecar.stage.events import CompletionScored, Scored, TreeScored
 from sidecar.state.hooks import HookResult, Outcome, TurnContext
+from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message, prefix_through_turn
 from sidecar.transcript.tokenize import SafeTokenizer, UnsafeContentError
 
@@ -66,8 +68,10 @@ class ScoringHooks:
         client: LLMClient | None = None,
         tokenizer: SafeTokenizer | None = None,
         goal_labeler: GoalLabeler | None = None,
+        agent_labels: AgentLabels | None = None,
     ) -> None:
         self.config = config
+        self._labels = agent_labels or AgentLabels(config.agents)
         self.metrics = ScoringMetrics(registry)
         self._owned_client: VllmClient | None = None
         if client is None:
@@ -130,7 +134,7 @@ class ScoringHooks:
         )
         self._goal = goal_labeler or _unknown_goal
         self._budgets: dict[str, TokenBucket] = {}
-        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._slots: dict[str, Slots] = {}
         self._latest_turn: LruCache[str, int] = LruCache(_LATEST_TURNS)
         self._verdicts: LruCache[tuple[str, int, str], CompletionScore] = LruCache(_CACHE_SIZE)
         self._cpu = ThreadPoolExecutor(max_workers=_PROMPT_THREADS, thread_name_prefix="sidecar-prompt")
@@ -154,9 +158,7 @@ class ScoringHooks:
     # -- helpers ----------------------------------------------------------------------------------
 
     def _agent_label(self, agent: str | None) -> str:
-        if agent is None:
-            return "default"
-        return agent if agent in self.config.agents else "other"
+        return self._labels(agent)
 
     def _budget(self, label: str, cfg: AgentConfig) -> TokenBucket:
         bucket = self._budgets.get(label)
@@ -193,7 +195,10 @@ class ScoringHooks:
 
     async def _guard(self, kind: str, label: str, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
         t0 = time.monotonic()
-        slots = self._slots.setdefault(kind, asyncio.Semaphore(self.config.scheduling.max_pending_per_kind))
+        slots = self._slots.get(kind)
+        if slots is None:
+            # Trees newest first (a tree is only useful while the agent is still answering).
+            slots = self._slots[kind] = Slots(self.config.scheduling.max_pending_per_kind, lifo=kind == "tree")
         try:
             # Per kind, so a burst of trees cannot starve completion verdicts of vLLM slots.
             async with slots:
@@ -255,7 +260,7 @@ class ScoringHooks:
         async def work() -> Outcome:
             score = await self._completion(ctx, label)
             self.metrics.turns_scored.labels(label, "complete" if score.complete else "incomplete").inc()
-            return score.outcome(include_text=include)
+            return Scored(score.outcome(include_text=include), [self._completion_event(ctx, score, final=False)])
 
         return self._guard("completion", label, work)
 
@@ -276,9 +281,24 @@ class ScoringHooks:
                 raise
             outcome = "complete" if score.complete else "incomplete"
             self.metrics.conversations_ended.labels(label, outcome, goal).inc()
-            return {**score.outcome(include_text=include), "final": True, "goal": goal}
+            return Scored(
+                {**score.outcome(include_text=include), "final": True, "goal": goal},
+                [self._completion_event(ctx, score, final=True)],
+            )
 
         return self._guard("final", label, work)
+
+    def _completion_event(self, ctx: TurnContext, score: CompletionScore, *, final: bool) -> CompletionScored:
+        # Events stay in the process (sinks decide what text, if any, leaves it).
+        adapter = self.config.agent(ctx.agent).adapter
+        return CompletionScored(
+            p_end=score.p_end,
+            complete=score.complete,
+            variant=score.variant,
+            model=adapter if score.variant == "adapter" and adapter else self.config.vllm.base_model,
+            final=final,
+            remaining_tasks=None if score.complete else score.remaining_text,
+        )
 
     async def _goal_of(self, ctx: TurnContext) -> str:
         try:
@@ -310,30 +330,46 @@ class ScoringHooks:
             newest = self._latest_turn.get(ctx.conversation_id)
             if tc.skip_superseded and newest is not None and newest > ctx.turn:
                 return self._skip("tree", label, "superseded")
+            # Shed: by now the agent has long answered; a verdict on it would escalate nothing.
+            seen = ctx.triggered_at_unix
+            if tc.max_staleness_seconds and seen is not None and time.time() - seen > tc.max_staleness_seconds:
+                return self._skip("tree", label, "stale")
             prompt, dropped = await self._prompt(self.prompts.tree, ctx)
             model = cfg.tree_model or self.config.vllm.base_model
             tree = await self._until_available("tree", lambda: self._tree.expand(model, prompt))
             bucket.spend(tree.generated_tokens)
             stats = tree.stats()
             best = stats["max_logprob"]
-            any_best = max((b.logprob for b in tree.branches), default=None)
             self.metrics.tree_leaves.labels(label).observe(tree.leaves)
             self.metrics.tree_tokens.labels(label).observe(tree.generated_tokens)
             if best is not None:
                 self.metrics.tree_max_logprob.labels(label).observe(best)
             if tree.budget_hit:
                 self.metrics.tree_budget_hits.labels(label, tree.budget_hit).inc()
-            th = self.config.uncertainty
-            ref = best if best is not None else any_best
-            uncertain = tree.leaves >= th.min_leaves or (ref is not None and ref < th.max_best_logprob)
-            if uncertain:
-                self.metrics.uncertain_turns.labels(label).inc()
-            out: dict[str, Any] = {**stats, "uncertain": uncertain, "turns_dropped": dropped}
+            text = most_probable_text(tree, self.tok.decode, self.stop_ids)
+            out: dict[str, Any] = {**stats, "turns_dropped": dropped}
             if tc.include_text_in_outcome:
-                out["best_branch"] = most_probable_text(tree, self.tok.decode, self.stop_ids)
-            return out
+                out["best_branch"] = text
+            return Scored(out, [tree_event(tree, model, text)])
 
         return self._guard("tree", label, work)
+
+
+def tree_event(tree: ResponseTree, model: str, best_branch: str | None) -> TreeScored:
+    """The tree as the post-score stage sees it. The best-branch logprob is the most probable
+    complete branch's, or, when the budget stopped every branch early, the most probable partial
+    one's (an upper bound of what it would have reached)."""
+    best = tree.best_branch() or max(tree.branches, key=lambda b: b.logprob, default=None)
+    return TreeScored(
+        leaves=tree.leaves,
+        complete_leaves=sum(1 for b in tree.branches if b.complete),
+        max_logprob=None if best is None else best.logprob,
+        mean_token_logprob=None if best is None or not best.tokens else best.logprob / len(best.tokens),
+        generated_tokens=tree.generated_tokens,
+        budget_hit=tree.budget_hit,
+        model=model,
+        best_branch=best_branch,
+    )
 
 
 def _end_tag_id(tokenizer: SafeTokenizer, end_tag: str, config: ScoringConfig) -> int | None:

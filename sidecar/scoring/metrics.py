@@ -57,12 +57,6 @@ class ScoringMetrics:
             ["agent", "limit"],
             registry=registry,
         )
-        self.uncertain_turns = Counter(
-            "sidecar_uncertain_turns_total",
-            "User turns whose response tree crossed the uncertainty thresholds.",
-            ["agent"],
-            registry=registry,
-        )
         self.latency = Histogram(
             "sidecar_scoring_duration_seconds",
             "Time from hook call to outcome, waiting included.",

@@ -5,9 +5,9 @@ something typed to say returns a :class:`Scored` mapping, which carries the even
 JSON. :class:`~sidecar.state.hooks.CompositeHooks` merges members' events, so one effect (one
 hook call of one conversation) reaches the stage with everything every scorer found.
 
-Events carry numbers and ids. The only text they may carry (the most probable branch of a tree,
-the remaining tasks) is set only where the configuration allows text, and sinks decide again
-whether to pass it on.
+Events carry numbers and ids, and the model's own text where a scorer has it (the most probable
+branch of a tree, the remaining tasks). Events never leave the process as such: each sink decides
+from its own configuration whether any text goes out (alerts: ``alerting.include_text``).
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ class CompletionScored:
 
 @dataclass(frozen=True, slots=True)
 class GoalAssigned:
-    """The conversation's goal cluster (stable id; the label is published separately)."""
+    """The conversation's goal as metrics see it: a stable cluster id, ``other`` or ``unknown``
+    (names are published separately)."""
 
-    goal_id: str
+    goal: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,9 @@ from prometheus_client import CollectorRegistry
 from sidecar.scoring.client import VllmRequestError
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.hooks import ScoringHooks
+from sidecar.stage.events import CompletionScored, TreeScored, events_of
 from sidecar.state.hooks import ConversationHooks, HookResult, Outcome, TurnContext
+from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message
 from tests.scoring.conversations import RESTAURANT, TRAVEL
 from tests.scoring.fakes import ToyLM
@@ -87,15 +89,43 @@ async def test_text_in_outcomes_only_when_allowed(tok_dir: Path) -> None:
     assert isinstance(tree["best_branch"], str)
 
 
-async def test_tree_outcome_and_metrics(tok_dir: Path) -> None:
-    hooks, lm, registry = _hooks(tok_dir, uncertainty={"min_leaves": 1})
+async def test_tree_outcome_event_and_metrics(tok_dir: Path) -> None:
+    hooks, lm, registry = _hooks(tok_dir)
     out = await run(hooks.on_user_message(_ctx("user_message", TRAVEL)))
     assert out["leaves"] >= 1
-    assert out["uncertain"] is True
+    assert "uncertain" not in out  # the verdict is the post-score stage's (alerting.policy)
     assert lm.requests[0]["model"] == "base"
     assert registry.get_sample_value("sidecar_tree_leaves_count", {"agent": "booking"}) == 1
-    assert registry.get_sample_value("sidecar_uncertain_turns_total", {"agent": "booking"}) == 1
+    [tree] = events_of(out)
+    assert isinstance(tree, TreeScored)
+    assert tree.leaves == out["leaves"] and tree.max_logprob is not None and tree.model == "base"
+    assert "best_branch" not in out and isinstance(tree.best_branch, str)  # text stays in the process
     json.dumps(out)
+
+
+async def test_completion_outcomes_carry_typed_events(tok_dir: Path) -> None:
+    hooks, _, _ = _hooks(tok_dir)
+    turn = await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT)))
+    final = await run(hooks.on_conversation_ended(_ctx("conversation_ended", RESTAURANT, cid="c9")))
+    [t], [f] = events_of(turn), events_of(final)
+    assert isinstance(t, CompletionScored) and isinstance(f, CompletionScored)
+    assert (t.final, f.final) == (False, True)
+    assert round(t.p_end, 8) == turn["p_end"] and t.model == "completion-booking"
+
+
+async def test_stale_trees_are_shed_and_counted(tok_dir: Path) -> None:
+    import time
+
+    hooks, lm, registry = _hooks(tok_dir, tree={"max_staleness_seconds": 30})
+    old = TurnContext("user_message", "c1", 2, TRAVEL, "booking", None, triggered_at_unix=time.time() - 31)
+    out = await run(hooks.on_user_message(old))
+    assert out == {"skipped": "stale"} and lm.requests == []
+    fresh = TurnContext("user_message", "c2", 2, TRAVEL, "booking", None, triggered_at_unix=time.time())
+    assert "leaves" in await run(hooks.on_user_message(fresh))
+    value = registry.get_sample_value(
+        "sidecar_scoring_skipped_total", {"agent": "booking", "kind": "tree", "reason": "stale"}
+    )
+    assert value == 1
 
 
 async def test_sampling_is_deterministic_per_turn(tok_dir: Path) -> None:
@@ -217,11 +247,15 @@ async def test_hooks_return_quickly_without_running_work(tok_dir: Path) -> None:
 
 
 async def test_agent_labels_are_bounded(tok_dir: Path) -> None:
+    """Unlisted agents get their own label, first come first served, up to a cap; then ``other``."""
     hooks, _, registry = _hooks(tok_dir)
+    hooks._labels = AgentLabels(["booking"], max_dynamic=3)
     for i in range(5):
         await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent=f"attacker-{i}", cid=f"k{i}")))
     await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent=None, cid="none")))
-    assert registry.get_sample_value("sidecar_completion_probability_count", {"agent": "other"}) == 5
+    for i in range(3):
+        assert registry.get_sample_value("sidecar_completion_probability_count", {"agent": f"attacker-{i}"}) == 1
+    assert registry.get_sample_value("sidecar_completion_probability_count", {"agent": "other"}) == 2
     assert registry.get_sample_value("sidecar_completion_probability_count", {"agent": "default"}) == 1
 
 

@@ -115,5 +115,5 @@ async def test_composite_hooks_merge_typed_events_of_members() -> None:
     assert not isinstance(out, dict)
     merged = await out  # type: ignore[misc]
     assert isinstance(merged, Scored)
-    assert [e.goal_id for e in merged.events] == ["g1", "late"]  # type: ignore[union-attr]
+    assert [e.goal for e in merged.events] == ["g1", "late"]  # type: ignore[union-attr]
     assert merged["a"] == {"goal": "g1"} and merged["b"] == {"x": 1}
