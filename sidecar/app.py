@@ -7,24 +7,28 @@ import contextlib
 import gc
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
 from prometheus_client import CollectorRegistry, ProcessCollector
 
+from sidecar.alerting.escalation import Escalations
+from sidecar.alerting.metrics import AlertMetrics
 from sidecar.config import SidecarConfig
 from sidecar.lifecycle import Component, HealthReporter
 from sidecar.source.kafka import KafkaEventSource
 from sidecar.stage.pipeline import OutcomeSink, PostScoreStage
-from sidecar.state.hooks import CompositeHooks, ConversationHooks, HookResult, Outcome, RecordingHooks, TurnContext
+from sidecar.state.hooks import CompositeHooks, ConversationHooks, RecordingHooks
 from sidecar.telemetry.http import HttpServer
+from sidecar.telemetry.labels import AgentLabels
 from sidecar.telemetry.logging import configure_logging
 from sidecar.telemetry.loop_lag import LoopLagMonitor
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
 if TYPE_CHECKING:
+    from sidecar.alerting.sinks.base import AlertSink
     from sidecar.clustering.live import GoalClusterer
 
 log = structlog.get_logger(__name__)
@@ -55,40 +59,11 @@ class Assembly:
     json_routes: dict[str, Callable[[], object]] = field(default_factory=dict)
 
 
-class _GoalVerdicts:
-    """Passes each conversation's final completion verdict to goal clustering (rate per goal)."""
-
-    def __init__(self, scoring: ConversationHooks, goals: GoalClusterer) -> None:
-        self._scoring = scoring
-        self._goals = goals
-
-    def on_user_message(self, ctx: TurnContext) -> HookResult:
-        return self._scoring.on_user_message(ctx)
-
-    def on_turn_closed(self, ctx: TurnContext) -> HookResult:
-        return self._scoring.on_turn_closed(ctx)
-
-    def on_conversation_ended(self, ctx: TurnContext) -> HookResult:
-        result = self._scoring.on_conversation_ended(ctx)
-        if isinstance(result, Mapping):
-            self._record(ctx, result)
-            return result
-        return self._after(ctx, result)
-
-    async def _after(self, ctx: TurnContext, result: Awaitable[Outcome]) -> Outcome:
-        outcome = await result
-        self._record(ctx, outcome)
-        return outcome
-
-    def _record(self, ctx: TurnContext, outcome: Outcome) -> None:
-        complete = outcome.get("complete")
-        self._goals.record_outcome(ctx.conversation_id, complete if isinstance(complete, bool) else None)
-
-
 def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
-    """The hook set the config asks for; the no-op recorder when no scorer is enabled."""
+    """The hook set and post-score sinks the config asks for; the no-op recorder when no scorer is on."""
     named: dict[str, ConversationHooks] = {}
     out = Assembly(hooks=RecordingHooks())
+    labels = AgentLabels([*config.scoring.agents, *config.alerting.agents])
     goals: GoalClusterer | None = None
     if config.clustering.enabled:
         from sidecar.clustering.live import GoalClusterer
@@ -97,18 +72,42 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
         out.components.append(goals)
         out.health.append(goals)
         out.json_routes["clusters"] = goals.snapshot
+        out.sinks.append(goals)  # final verdicts -> completion rate per goal
     if config.scoring.enabled:
         from sidecar.scoring.hooks import ScoringHooks
 
-        scoring = ScoringHooks(config.scoring, registry, goal_labeler=goals.goal_label if goals else None)
+        scoring = ScoringHooks(
+            config.scoring, registry, goal_labeler=goals.goal_label if goals else None, agent_labels=labels
+        )
         out.components.append(scoring)
         out.health.append(scoring)
-        named["scoring"] = _GoalVerdicts(scoring, goals) if goals is not None else scoring
+        named["scoring"] = scoring
+    if config.judge.enabled:
+        from sidecar.judge.hooks import JudgeHooks
+
+        judge = JudgeHooks(config.judge, registry)
+        out.components.append(judge)
+        named["judge"] = judge
     if goals is not None:
         named["goals"] = goals
     if named:
         out.hooks = CompositeHooks(named)
+    escalations = build_escalations(config, registry, labels)
+    out.sinks.append(escalations)
+    out.components.append(escalations)
+    out.health.append(escalations)
     return out
+
+
+def build_escalations(config: SidecarConfig, registry: CollectorRegistry, labels: AgentLabels) -> Escalations:
+    sinks: list[AlertSink] = []
+    if config.alerting.enabled:
+        from sidecar.alerting.sinks import build_sinks
+
+        sinks = build_sinks(config.alerting, config.kafka)
+    return Escalations(
+        config.alerting, sinks, AlertMetrics(registry), group=config.kafka.group_id, agent_label=labels
+    )
 
 
 async def run_app(

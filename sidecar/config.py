@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from sidecar.alerting.config import AlertingConfig
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.errors import ConfigError
+from sidecar.judge.config import JudgeConfig
 from sidecar.scoring.config import ScoringConfig
 from sidecar.source.config import KafkaConfig
 from sidecar.state.config import StateConfig
@@ -47,6 +48,7 @@ class SidecarConfig(BaseSettings):
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     clustering: ClusteringConfig = Field(default_factory=ClusteringConfig)
     alerting: AlertingConfig = Field(default_factory=AlertingConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
 
     @model_validator(mode="after")
     def _alerts_topic_is_its_own(self) -> SidecarConfig:

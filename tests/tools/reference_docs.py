@@ -25,6 +25,9 @@ METRIC_CLASSES = [
     "sidecar.scoring.client:VllmMetrics",
     "sidecar.scoring.metrics:ScoringMetrics",
     "sidecar.clustering.metrics:ClusteringMetrics",
+    "sidecar.alerting.metrics:AlertMetrics",
+    "sidecar.judge.metrics:JudgeMetrics",
+    "sidecar.telemetry.loop_lag:LoopLagMonitor",
 ]
 
 
