@@ -24,6 +24,13 @@ class HttpConfig(BaseModel):
         le=300,
         description="A request body still arriving after this long gets 408 and a closed connection.",
     )
+    readiness: Literal["process", "dependencies"] = Field(
+        "process",
+        description="process: /readyz fails only for the sidecar's own pipeline (Kafka source polling, "
+        "partitions recovered, results written); vLLM, alert sinks and clustering are listed in the body "
+        "but do not gate (an outage of theirs pauses work, it must not stall every rollout). dependencies: "
+        "every check gates.",
+    )
     max_connections: int = Field(
         64, ge=1, le=65_536, description="Open connections beyond this get 503 and are closed at once."
     )

@@ -3,8 +3,9 @@
 * ``GET /metrics``: Prometheus text exposition of the registry given (OpenMetrics when the
   scraper's ``Accept`` asks for it; gzip when ``Accept-Encoding`` allows it).
 * ``GET /healthz``: 200 whenever the event loop gets to answer (liveness).
-* ``GET /readyz``: 200 iff every :class:`~sidecar.lifecycle.HealthReporter` reports ready, else
-  503; the JSON body lists each check with ``ready`` and ``detail``.
+* ``GET /readyz``: 200 iff every *gating* :class:`~sidecar.lifecycle.HealthReporter` reports
+  ready, else 503; the JSON body lists each check with ``ready``, ``gates`` and ``detail``. By
+  default (``http.readiness: process``) only the core checks (the Kafka source) gate.
 * ``GET /<name>`` for each JSON route (``/clusters``...): the callable's result as JSON.
 
 Hostile clients are expected: unknown paths get 404, other methods 405, request bodies over
@@ -122,12 +123,14 @@ class HttpServer:
         registry: CollectorRegistry,
         health: Sequence[HealthReporter],
         json_routes: Mapping[str, JsonRoute] | None = None,
+        core_checks: Sequence[str] = ("kafka",),
     ) -> None:
         routes = dict(json_routes or {})
         for name in routes:
             if not _ROUTE_NAME.fullmatch(name) or name in _BUILTIN:
                 raise ValueError(f"invalid JSON route name {name!r}")
         self._config = config
+        self._core = frozenset(core_checks)
         self._registry = registry
         self._health = tuple(health)
         self._json_routes = routes
@@ -252,12 +255,17 @@ class HttpServer:
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    def _gates(self, name: str) -> bool:
+        return self._config.readiness == "dependencies" or name in self._core
+
     async def _readyz(self, _request: web.Request) -> web.Response:
         checks = [_safe_health(r) for r in self._health]
-        ready = all(c.ready for c in checks)
+        ready = all(c.ready for c in checks if self._gates(c.name))
         body = {
             "ready": ready,
-            "checks": [{"name": c.name, "ready": c.ready, "detail": c.detail} for c in checks],
+            "checks": [
+                {"name": c.name, "ready": c.ready, "gates": self._gates(c.name), "detail": c.detail} for c in checks
+            ],
         }
         return web.json_response(body, status=200 if ready else 503)
 

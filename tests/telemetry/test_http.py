@@ -137,15 +137,16 @@ async def test_healthz_and_head(server: HttpServer) -> None:
 
 async def test_readyz_follows_reporters(registry: CollectorRegistry) -> None:
     kafka, vllm = Flag("kafka"), Flag("vllm", ready=False, detail="connection refused")
-    async with HttpServer(_config(), registry, [kafka, vllm]) as srv, aiohttp.ClientSession() as s:
+    config = HttpConfig(host="127.0.0.1", port=0, max_request_bytes=LIMIT, readiness="dependencies")
+    async with HttpServer(config, registry, [kafka, vllm]) as srv, aiohttp.ClientSession() as s:
         async with s.get(_url(srv, "/readyz")) as r:
             assert r.status == 503
             body = await r.json()
         assert body == {
             "ready": False,
             "checks": [
-                {"name": "kafka", "ready": True, "detail": ""},
-                {"name": "vllm", "ready": False, "detail": "connection refused"},
+                {"name": "kafka", "ready": True, "gates": True, "detail": ""},
+                {"name": "vllm", "ready": False, "gates": True, "detail": "connection refused"},
             ],
         }
         vllm.ready, vllm.detail = True, ""
@@ -158,11 +159,13 @@ async def test_readyz_follows_reporters(registry: CollectorRegistry) -> None:
 
 
 async def test_readyz_reporter_that_raises_is_not_ready(registry: CollectorRegistry) -> None:
-    async with HttpServer(_config(), registry, [Flag("kafka"), Exploding()]) as srv:
+    core = ("kafka", "Exploding")
+    async with HttpServer(_config(), registry, [Flag("kafka"), Exploding()], core_checks=core) as srv:
         async with aiohttp.ClientSession() as s, s.get(_url(srv, "/readyz")) as r:
             assert r.status == 503
             checks = (await r.json())["checks"]
-        assert checks[1] == {"name": "Exploding", "ready": False, "detail": "health() raised RuntimeError"}
+        detail = "health() raised RuntimeError"
+        assert checks[1] == {"name": "Exploding", "ready": False, "gates": True, "detail": detail}
         await _still_healthy(srv)
 
 
@@ -395,3 +398,17 @@ async def test_connections_past_the_limit_get_503_then_service_resumes(registry:
                 raw = await _raw(srv, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 if _status(raw) == 200:
                     break
+
+
+async def test_by_default_only_the_pipeline_gates_readiness(registry: CollectorRegistry) -> None:
+    """A vLLM or alert-sink outage pauses work; it must not mark every replica unready (rollouts and
+    `helm --wait` would stall). It is shown, not gating."""
+    kafka, vllm = Flag("kafka"), Flag("vllm", ready=False, detail="connection refused")
+    async with HttpServer(_config(), registry, [kafka, vllm]) as srv, aiohttp.ClientSession() as s:
+        async with s.get(_url(srv, "/readyz")) as r:
+            assert r.status == 200
+            body = await r.json()
+        assert body["checks"][1] == {"name": "vllm", "ready": False, "gates": False, "detail": "connection refused"}
+        kafka.ready = False
+        async with s.get(_url(srv, "/readyz")) as r:
+            assert r.status == 503
