@@ -44,6 +44,7 @@ from sidecar.state.hooks import TurnContext
 log = structlog.get_logger(__name__)
 
 AgentLabel = Callable[[str | None], str]
+AlertObserver = Callable[[Alert, Effect], None]
 _STALLED_ENDS = ("idle_ttl", "max_lifetime")
 
 
@@ -82,6 +83,7 @@ class Escalations:
         agent_label: AgentLabel,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        observers: Sequence[AlertObserver] = (),
     ) -> None:
         self._cfg = config
         self._sinks = tuple(sinks) if config.enabled else ()
@@ -92,6 +94,7 @@ class Escalations:
         self._judge = UncertaintyJudge()
         self._limits = _RateLimit(monotonic)
         self._pending = 0
+        self._observers = list(observers)
         for sink in self._sinks:
             metrics.sink_up.labels(sink.name).set(1)
 
@@ -115,10 +118,20 @@ class Escalations:
 
     # -- the stage ----------------------------------------------------------------------------
 
+    def observe(self, observer: AlertObserver) -> None:
+        """Call ``observer(alert, effect)`` for every alert decided (the tree view keeps its trees)."""
+        self._observers.append(observer)
+
     def offer(self, effect: Effect) -> Awaitable[None] | None:
         alerts = self.decide(effect)
         if not alerts:
             return None
+        for alert in alerts:
+            for observer in self._observers:
+                try:
+                    observer(alert, effect)
+                except Exception as exc:  # an observer's bug must not cost the alert
+                    log.error("alert.observer_failed", error=type(exc).__name__)  # noqa: TRY400 - no traceback
         if not self._sinks:
             for a in alerts:
                 self.metrics.suppressed.labels(a.kind, "no_sink").inc()

@@ -35,8 +35,8 @@ from sidecar.scoring.config import AgentConfig, ScoringConfig
 from sidecar.scoring.metrics import ScoringMetrics
 from sidecar.scoring.prompts import PromptBuilder, PromptTooLong
 from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
-from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander, most_probable_text
-from sidecar.stage.events import CompletionScored, Scored, TreeScored
+from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander, branch_views, most_probable_text
+from sidecar.stage.events import CompletionScored, Scored, TreeBranch, TreeScored
 from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message, prefix_through_turn
@@ -350,12 +350,15 @@ class ScoringHooks:
             out: dict[str, Any] = {**stats, "turns_dropped": dropped}
             if tc.include_text_in_outcome:
                 out["best_branch"] = text
-            return Scored(out, [tree_event(tree, model, text)])
+            views = [TreeBranch(*v) for v in branch_views(tree, self.tok.decode, self.stop_ids)]
+            return Scored(out, [tree_event(tree, model, text, views)])
 
         return self._guard("tree", label, work)
 
 
-def tree_event(tree: ResponseTree, model: str, best_branch: str | None) -> TreeScored:
+def tree_event(
+    tree: ResponseTree, model: str, best_branch: str | None, branches: Sequence[TreeBranch] = ()
+) -> TreeScored:
     """The tree as the post-score stage sees it. The best-branch logprob is the most probable
     complete branch's, or, when the budget stopped every branch early, the most probable partial
     one's (an upper bound of what it would have reached)."""
@@ -369,6 +372,7 @@ def tree_event(tree: ResponseTree, model: str, best_branch: str | None) -> TreeS
         budget_hit=tree.budget_hit,
         model=model,
         best_branch=best_branch,
+        branches=tuple(branches),
     )
 
 

@@ -302,3 +302,23 @@ def most_probable_text(tree: ResponseTree, decode: Callable[[Sequence[int]], str
     if toks and toks[-1] in set(stop_ids):
         toks = toks[:-1]
     return decode(toks)
+
+
+def branch_views(
+    tree: ResponseTree, decode: Callable[[Sequence[int]], str], stop_ids: Sequence[int]
+) -> list[tuple[int | None, int, str, float, bool, str | None]]:
+    """Every branch as (parent, split offset in the parent's *text*, own text, logprob, complete,
+    truncated): what a renderer needs, end-of-response tokens left out."""
+    stops = set(stop_ids)
+    full_text: list[str] = []
+    out: list[tuple[int | None, int, str, float, bool, str | None]] = []
+    for b in tree.branches:
+        toks = [t for t in b.tokens if t not in stops]
+        text = decode(toks)
+        full_text.append(text)
+        if b.parent is None:
+            out.append((None, 0, text, b.logprob, b.complete, b.truncated))
+            continue
+        prefix = decode([t for t in b.tokens[: b.split] if t not in stops])
+        out.append((b.parent, len(prefix), text[len(prefix) :], b.logprob, b.complete, b.truncated))
+    return out

@@ -23,6 +23,19 @@ Scorer = Literal["tree", "completion", "final", "goal", "judge"]
 
 
 @dataclass(frozen=True, slots=True)
+class TreeBranch:
+    """One root-to-leaf path of a tree: its own text after the split from ``parent`` (at
+    ``split_text_chars`` characters into the parent's text), and its path logprob."""
+
+    parent: int | None
+    split_text_chars: int
+    text: str
+    logprob: float
+    complete: bool
+    truncated: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class TreeScored:
     """A response tree for the turn a user message opened (paper Section 4.3)."""
 
@@ -34,6 +47,7 @@ class TreeScored:
     budget_hit: str | None
     model: str
     best_branch: str | None = None
+    branches: tuple[TreeBranch, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
