@@ -21,7 +21,7 @@ from sidecar.lifecycle import Component, HealthReporter
 from sidecar.source.kafka import KafkaEventSource
 from sidecar.stage.pipeline import OutcomeSink, PostScoreStage
 from sidecar.state.hooks import CompositeHooks, ConversationHooks, RecordingHooks
-from sidecar.telemetry.http import HttpServer
+from sidecar.telemetry.http import HttpServer, PageRoute
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.telemetry.logging import configure_logging
 from sidecar.telemetry.loop_lag import LoopLagMonitor
@@ -57,6 +57,7 @@ class Assembly:
     components: list[Component] = field(default_factory=list)
     health: list[HealthReporter] = field(default_factory=list)
     json_routes: dict[str, Callable[[], object]] = field(default_factory=dict)
+    page_routes: dict[str, PageRoute] = field(default_factory=dict)
 
 
 def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
@@ -93,6 +94,12 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
     if named:
         out.hooks = CompositeHooks(named)
     escalations = build_escalations(config, registry, labels)
+    if config.tree_view.enabled:
+        from sidecar.trees.view import TreeView
+
+        view = TreeView(config.tree_view, include_text=config.alerting.include_text)
+        escalations.observe(view.observe)
+        out.page_routes.update(view.routes())
     out.sinks.append(escalations)
     out.components.append(escalations)
     out.health.append(escalations)
@@ -128,7 +135,9 @@ async def run_app(
         assembly.hooks = hooks
     stage = PostScoreStage(assembly.sinks, on_sink_error=lambda name: metrics.sink_errors.labels(name).inc())
     source = KafkaEventSource(config.kafka, config.state, assembly.hooks, metrics, stage)
-    http = HttpServer(config.http, registry, [source, *assembly.health], assembly.json_routes)
+    http = HttpServer(
+        config.http, registry, [source, *assembly.health], assembly.json_routes, page_routes=assembly.page_routes
+    )
     stop = stop or asyncio.Event()
     tune_gc()
     started: list[Component] = []

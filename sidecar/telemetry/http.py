@@ -7,6 +7,11 @@
   ready, else 503; the JSON body lists each check with ``ready``, ``gates`` and ``detail``. By
   default (``http.readiness: process``) only the core checks (the Kafka source) gate.
 * ``GET /<name>`` for each JSON route (``/clusters``...): the callable's result as JSON.
+* ``GET /<name>`` and ``GET /<name>/<param>`` for each page route (``/escalations``,
+  ``/trees/<alert id>``): an HTML or SVG :class:`Page`. A path parameter must fully match the
+  route's pattern (else 400, and the renderer is never called); pages are sent with a
+  Content-Security-Policy that allows no script and no external resource, ``nosniff`` and
+  ``no-store``.
 
 Hostile clients are expected: unknown paths get 404, other methods 405, request bodies over
 ``max_request_bytes`` 413 (before any handler runs), bodies still arriving after
@@ -24,7 +29,8 @@ import inspect
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 import structlog
 from aiohttp import web
@@ -37,6 +43,35 @@ from sidecar.telemetry.config import HttpConfig
 log = structlog.get_logger()
 
 JsonRoute = Callable[[], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """What a page route answers: a text body, its status and its media type."""
+
+    body: str
+    status: int = 200
+    content_type: Literal["text/html", "image/svg+xml"] = "text/html"
+
+
+@dataclass(frozen=True, slots=True)
+class PageRoute:
+    """``GET /<name>`` renders ``render(None)`` (unless ``index`` is off); with ``param``,
+    ``GET /<name>/<value>`` renders ``render(value)`` for a value that fully matches ``param``."""
+
+    render: Callable[[str | None], Page]
+    param: re.Pattern[str] | None = None
+    index: bool = True
+
+
+# Pages are self-contained: inline CSS, inline SVG, images as data: URIs, never a script.
+PAGE_HEADERS: Final = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+}
 _BUILTIN: Final = frozenset({"metrics", "healthz", "readyz"})
 _ROUTE_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 # Parser limits. A scraper or probe sends a short request line and a handful of small headers;
@@ -123,19 +158,26 @@ class HttpServer:
         registry: CollectorRegistry,
         health: Sequence[HealthReporter],
         json_routes: Mapping[str, JsonRoute] | None = None,
+        *,
         core_checks: Sequence[str] = ("kafka",),
+        page_routes: Mapping[str, PageRoute] | None = None,
     ) -> None:
         routes = dict(json_routes or {})
-        for name in routes:
-            if not _ROUTE_NAME.fullmatch(name) or name in _BUILTIN:
-                raise ValueError(f"invalid JSON route name {name!r}")
+        pages = dict(page_routes or {})
+        for kind, names in (("JSON", routes), ("page", pages)):
+            for name in names:
+                if not _ROUTE_NAME.fullmatch(name) or name in _BUILTIN:
+                    raise ValueError(f"invalid {kind} route name {name!r}")
+        if routes.keys() & pages.keys():
+            raise ValueError(f"routes {sorted(routes.keys() & pages.keys())} are both JSON and page routes")
         self._config = config
         self._core = frozenset(core_checks)
         self._registry = registry
         self._health = tuple(health)
         self._json_routes = routes
+        self._page_routes = pages
         self._metrics = HttpMetrics(registry)
-        self._handlers = _BUILTIN | routes.keys()
+        self._handlers = _BUILTIN | routes.keys() | pages.keys()
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._port: int | None = None
@@ -157,6 +199,12 @@ class HttpServer:
         app.router.add_get("/readyz", self._readyz)
         for name, fn in self._json_routes.items():
             app.router.add_get(f"/{name}", self._json_handler(name, fn))
+        for name, page in self._page_routes.items():
+            handler = self._page_handler(name, page)
+            if page.index:
+                app.router.add_get(f"/{name}", handler)
+            if page.param is not None:
+                app.router.add_get(f"/{name}/{{param}}", handler)
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -211,6 +259,10 @@ class HttpServer:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         name = request.path.strip("/")
+        if name not in self._handlers:
+            # A page with a path parameter counts under its route name, never under the value.
+            head = name.split("/", 1)[0]
+            name = head if head in self._page_routes and self._page_routes[head].param is not None else ""
         label = name if name in self._handlers else "other"
         try:
             try:
@@ -286,6 +338,28 @@ class HttpServer:
         return handler
 
 
+    def _page_handler(self, name: str, page: PageRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            param = request.match_info.get("param")
+            if param is not None and (page.param is None or not page.param.fullmatch(param)):
+                return _page(Page("invalid path parameter\n", 400), text=True)
+            try:
+                result = page.render(param)
+            except Exception as exc:
+                log.exception("http.page_route_failed", route=name, error_type=type(exc).__name__)
+                return _page(Page("internal error\n", 500), text=True)
+            return _page(result)
+
+        return handler
+
+
+def _page(page: Page, *, text: bool = False) -> web.Response:
+    content_type = "text/plain" if text else page.content_type
+    response = web.Response(text=page.body, status=page.status, content_type=content_type, charset="utf-8")
+    response.headers.update(PAGE_HEADERS)
+    return response
+
+
 def _too_large(limit: int) -> web.Response:
     return _refuse(413, f"request body over {limit} bytes")
 
@@ -310,4 +384,4 @@ def _safe_health(reporter: HealthReporter) -> Health:
     return health
 
 
-__all__ = ["HttpMetrics", "HttpServer", "JsonRoute"]
+__all__ = ["HttpMetrics", "HttpServer", "JsonRoute", "Page", "PageRoute"]

@@ -1,0 +1,173 @@
+"""Response tree -> SVG, left to right (the paper's Figure 2).
+
+Each branch is a horizontal lane, its x axis the characters of the response from the root; a
+child leaves its parent's lane where it splits off. Stroke width and opacity grow with the
+probability mass a stretch carries (``exp(logprob)`` of the leaves below it), the most probable
+branch (and the path to it) is drawn in the highlight colour, every leaf ends in a circle
+(``class="leaf"``, filled when the branch reached an end of response) whose ``<title>`` holds the
+whole response on hover and its numbers.
+
+All text is untrusted model output: it is XML-escaped, characters XML cannot carry and invisible
+or direction-changing ones (bidi overrides, zero-width) are shown as ``\\uXXXX`` instead, and every
+text is cut, so the output size is bounded: at most :func:`max_svg_bytes` for the given limits,
+whatever the input.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from sidecar.trees.shape import TreeShape, probability
+
+# XML 1.0 cannot carry C0 controls (bar tab and newline), surrogates or U+FFFE/U+FFFF; C1 controls,
+# bidi embeddings/overrides/isolates, zero-width and BOM characters are legal but let a text hide
+# or reorder what the reader sees. All are shown as a visible \uXXXX escape (6 ASCII bytes).
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069"
+    "\ufeff\ufdd0-\ufdef\ufffe\uffff\ud800-\udfff]"
+)
+_XML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})
+_SPACES = re.compile(r"\s+")
+ELLIPSIS = "\u2026"
+
+
+def neutralize(text: str) -> str:
+    """``text`` with CR/CRLF as LF and every unsafe character as a visible ``\\uXXXX``."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def escape(text: str) -> str:
+    """Safe inside XML/HTML text and double- or single-quoted attributes."""
+    return neutralize(text).translate(_XML)
+
+
+def clip(text: str, limit: int) -> str:
+    """At most ``limit`` characters: the head and the tail around an ellipsis when cut."""
+    if len(text) <= limit:
+        return text
+    if limit < 3:
+        return text[:limit]
+    head = (limit - 1) // 2
+    return text[:head] + ELLIPSIS + text[len(text) - (limit - 1 - head) :]
+
+
+def one_line(text: str, limit: int) -> str:
+    """A visible label: whitespace collapsed, cut at the end."""
+    flat = _SPACES.sub(" ", text).strip()
+    return flat if len(flat) <= limit else flat[: max(0, limit - 1)] + ELLIPSIS
+
+
+@dataclass(frozen=True, slots=True)
+class SvgStyle:
+    """Geometry and limits of the drawing."""
+
+    plot_width: int = 760
+    max_px_per_char: float = 7.0
+    row_height: int = 18
+    margin: int = 14
+    label_width: int = 150
+    max_title_chars: int = 600
+    max_label_chars: int = 40
+    color: str = "#4a6b8a"
+    highlight: str = "#d9480f"
+
+
+# Markup per drawn branch beyond its texts (group, two paths, circle, numbers), generously rounded.
+_PER_BRANCH_BYTES = 900
+_FIXED_BYTES = 2048
+_ESCAPED_CHAR_BYTES = 6  # the longest a character becomes: "&quot;", "\u202e" or 4 UTF-8 bytes
+
+
+def max_svg_bytes(branches: int, style: SvgStyle = SvgStyle()) -> int:
+    """Upper bound of :func:`render_svg`'s output size in UTF-8 bytes for ``branches`` drawn."""
+    texts = style.max_title_chars + 2 * style.max_label_chars + 64
+    return _FIXED_BYTES + branches * (_PER_BRANCH_BYTES + texts * _ESCAPED_CHAR_BYTES)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def _stroke(mass: float) -> tuple[str, str]:
+    return f"{0.75 + 7.0 * mass:.2f}", f"{0.2 + 0.8 * mass:.2f}"
+
+
+def render_svg(shape: TreeShape, style: SvgStyle = SvgStyle(), title: str = "response tree") -> str:
+    """The tree as a standalone SVG document (also valid inline in HTML)."""
+    rows = shape.rows()
+    extent = max((b.start + b.length for b in shape.branches), default=0)
+    scale = min(style.max_px_per_char, style.plot_width / max(1, extent))
+    lane_of = {b: r for r, b in enumerate(rows)}
+    width = style.margin * 2 + style.plot_width + style.label_width
+    height = style.margin * 2 + style.row_height * max(1, len(rows)) + 8
+    best = shape.best()
+    path = shape.best_path()
+    mass = shape.subtree_mass()
+
+    def x(chars: int) -> float:
+        return style.margin + chars * scale
+
+    def y(row: int) -> float:
+        return style.margin + style.row_height * row + style.row_height / 2
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="rtree" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(clip(title, 200))}" '
+        f'data-leaves="{shape.leaves}" font-family="sans-serif" font-size="10">',
+        f"<title>{escape(clip(title, 200))}</title>",
+    ]
+    # The highlighted path last, so it is drawn on top of its siblings.
+    for i in sorted(rows, key=lambda i: i in path):
+        b = shape.branches[i]
+        hot = i in path
+        color = style.highlight if hot else style.color
+        cls = "branch best" if i == best else ("branch on-best-path" if hot else "branch")
+        yb = y(lane_of[i])
+        p = probability(b.logprob)
+        lp = "-inf" if math.isinf(b.logprob) else f"{b.logprob:.3f}"
+        state = "complete" if b.complete else f"truncated ({b.truncated})" if b.truncated else "open"
+        full = shape.full_text(i)
+        tip = f"branch {i}: logprob {lp}, p {p:.4f}, {state}"
+        if full is not None:
+            tip += "\n" + clip(full, style.max_title_chars)
+        out.append(f'<g class="{cls}" data-branch="{i}" data-logprob="{lp}"><title>{escape(tip)}</title>')
+        if b.parent is not None:
+            py = y(lane_of[b.parent])
+            x0 = x(b.start)
+            w, o = _stroke(mass[i])
+            out.append(
+                f'<path d="M{_fmt(x0)} {_fmt(py)} C{_fmt(x0 + 6)} {_fmt(py)} {_fmt(x0)} {_fmt(yb)} '
+                f'{_fmt(x0 + 8)} {_fmt(yb)}" fill="none" stroke="{color}" stroke-width="{w}" stroke-opacity="{o}"/>'
+            )
+        for a, z, m in shape.segments(i, mass):
+            xa = x(a) + (8 if b.parent is not None and a == b.start else 0)
+            xz = max(x(z), xa + 4)
+            w, o = _stroke(m)
+            out.append(
+                f'<path d="M{_fmt(xa)} {_fmt(yb)} H{_fmt(xz)}" stroke="{color}" stroke-width="{w}" '
+                f'stroke-opacity="{o}" stroke-linecap="round"/>'
+            )
+        end = max(x(b.start + b.length), x(b.start) + (12 if b.parent is not None else 4))
+        fill = color if b.complete else "#ffffff"
+        out.append(
+            f'<circle class="leaf" cx="{_fmt(end)}" cy="{_fmt(yb)}" r="3.5" fill="{fill}" stroke="{color}" '
+            f'stroke-width="1.2"/>'
+        )
+        label = f"{lp}  p={p:.3f}" if p >= 0.001 else f"{lp}"
+        out.append(f'<text x="{_fmt(end + 6)}" y="{_fmt(yb + 3.5)}" fill="#333">{escape(label)}</text>')
+        if b.text:
+            snippet = one_line(b.text, style.max_label_chars)
+            out.append(
+                f'<text class="snippet" x="{_fmt(x(b.start) + 10)}" y="{_fmt(yb - 4)}" fill="#555" '
+                f'font-size="8">{escape(snippet)}</text>'
+            )
+        out.append("</g>")
+    if shape.dropped:
+        out.append(
+            f'<text x="{style.margin}" y="{height - 4}" fill="#a00">{shape.dropped} more branches not drawn</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
