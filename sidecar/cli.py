@@ -1,4 +1,4 @@
-"""``sidecar`` command line: run, demo, config show|check, clusters."""
+"""``sidecar`` command line: run, demo, config show|check, clusters, judge, simulate, eval."""
 
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_judge_parser(sub)
     add_simulate_parser(sub)
+    from sidecar.eval.cli import add_eval_parser
+
+    add_eval_parser(sub)
     return parser
 
 
