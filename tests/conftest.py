@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-pytest_plugins: list[str] = ["tests.support.vllm_server", "tests.support.corpora"]
+pytest_plugins: list[str] = ["tests.support.vllm_server", "tests.support.bundled_vllm", "tests.support.corpora"]
 
 
 @pytest.fixture(autouse=True)

@@ -145,7 +145,7 @@ class TreeConfig(BaseModel):
         "arrived (debounce under load).",
     )
     max_staleness_seconds: float = Field(
-        120.0,
+        60.0,
         ge=0,
         description="Skip (count as stale) a tree that gets a vLLM slot this long after its user message was "
         "seen: under overload, fresh turns first (trees wait newest first), stale ones shed. 0: never.",

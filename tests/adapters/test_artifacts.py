@@ -13,7 +13,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from adapters.data import Conversation, eval_examples, read_conversations, split_of
-from adapters.manifest import file_sha256
+from adapters.manifest import file_sha256, message_cap
 from adapters.tokenizer import END_TAG, SPECIAL_TOKENS, encode_messages, load_tokenizer, special_id
 from sidecar.transcript.model import Message
 
@@ -75,7 +75,7 @@ def test_adapter_puts_the_end_tag_after_finished_conversations() -> None:
     model.eval()
 
     def p_end(messages: Sequence[Message], adapter: bool = True) -> float:
-        ids = torch.tensor([encode_messages(tok, messages)[-256:]])
+        ids = torch.tensor([encode_messages(tok, messages, message_cap(ARTIFACTS / "completion"))[-256:]])
         if adapter:
             logits = model(input_ids=ids).logits
         else:
