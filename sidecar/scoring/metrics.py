@@ -5,7 +5,7 @@ are in ``sidecar_goal_info``; ``kind``/``reason``/``outcome`` are fixed."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 
 _PROB_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 _LEAF_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 256, 512)
@@ -55,6 +55,14 @@ class ScoringMetrics:
             "sidecar_tree_budget_hits_total",
             "Response trees truncated by a budget, by limit.",
             ["agent", "limit"],
+            registry=registry,
+        )
+        self.completion_requests = Histogram(
+            "sidecar_completion_requests",
+            "vLLM requests one completion verdict took (1 with exact logprob requests; 2-3 when the end tag "
+            "is outside the top-k and a forced or prompt-logprobs request follows).",
+            ["agent"],
+            buckets=(1, 2, 3, 4, 6),
             registry=registry,
         )
         self.latency = Histogram(
@@ -114,3 +122,10 @@ class VllmMetrics:
         )
         self.in_flight = Gauge("sidecar_vllm_requests_in_flight", "vLLM requests in flight.", registry=registry)
         self.up = Gauge("sidecar_vllm_up", "1 if vLLM's /health answered at the last probe.", registry=registry)
+        self.exact_mode = Enum(
+            "sidecar_vllm_exact_logprobs_mode",
+            "How completion verdicts get an exact P(end): one logprob_token_ids request (shared or isolated), "
+            "or the top-k + forced-request path (off); auto until the first verdict's self-test.",
+            states=["auto", "shared", "isolated", "off"],
+            registry=registry,
+        )

@@ -33,6 +33,8 @@ class ToyLM:
         self.calls = 0
         # Simulates vLLM's --logprobs-mode processed_logprobs: a forced token gets probability 1.
         self.processed_logprobs = False
+        # Answers logprob_token_ids requests (exact logprobs of listed ids), as vLLM >= 0.26 does.
+        self.exact_ids = False
 
     def dist(self, context: Sequence[int]) -> dict[int, float]:
         """Log-probabilities of every token after ``context``."""
@@ -57,12 +59,14 @@ class ToyLM:
         max_tokens: int,
         top_logprobs: int,
         stop_token_ids: Sequence[int] = (),
+        logprob_token_ids: Sequence[int] = (),
     ) -> list[GeneratedChoice]:
         self.calls += 1
         if self.fail_next > 0 or self.calls in self.fail_calls:
             self.fail_next = max(0, self.fail_next - 1)
             raise RetryableError("toy outage")
-        self.requests.append({"model": model, "n": len(prompts), "max_tokens": max_tokens})
+        self.requests.append({"model": model, "n": len(prompts), "max_tokens": max_tokens,
+                              "logprob_token_ids": list(logprob_token_ids)})
         k = min(top_logprobs, self.max_logprobs)
         out = []
         for prompt in prompts:
@@ -75,7 +79,10 @@ class ToyLM:
                 tok = min(d, key=lambda t: (-d[t], t))
                 ids.append(tok)
                 lps.append(d[tok])
-                tops.append(self._top(d, k, tok))
+                if logprob_token_ids:
+                    tops.append({**{i: d[i] for i in logprob_token_ids}, tok: d[tok]})
+                else:
+                    tops.append(self._top(d, k, tok))
                 ctx.append(tok)
                 if tok in stop_token_ids:
                     break
@@ -84,6 +91,9 @@ class ToyLM:
                 GeneratedChoice(tuple(ids), tuple(lps), tuple(tops), "stop" if len(ids) < max_tokens else "length")
             )
         return out
+
+    async def exact_ids_usable(self, model: str) -> bool:
+        return self.exact_ids
 
     async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:
         self.requests.append({"model": model, "forced": token_id})

