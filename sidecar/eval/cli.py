@@ -23,6 +23,7 @@ from sidecar.eval.dataset import EvalConversation, read_dataset
 
 if TYPE_CHECKING:
     from sidecar.eval.run import ResultsFile
+    from sidecar.judge.config import JudgeConfig
     from sidecar.scoring.config import ScoringConfig
 
 # The scoring stack, sklearn and matplotlib are imported when the command runs, not when the
@@ -70,6 +71,8 @@ def add_eval_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the truncation protocol's k")
     p.add_argument("--max-input-bytes", type=_positive_int, default=DEFAULT_MAX_INPUT_BYTES,
                    help="refuse inputs larger than this, on disk or decompressed")
+    p.add_argument("--judge", action="store_true",
+                   help="also run the two-dimensional LLM judge (judge.llm of the config) for a comparison row")
     p.add_argument("--strict", action="store_true", help="a malformed line is an error (default: skipped, counted)")
     p.add_argument("--restart", action="store_true", help="discard DIR's earlier results instead of resuming")
     p.set_defaults(handler=run_eval_command)
@@ -128,7 +131,7 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 async def _score(cfg: ScoringConfig, convs: list[EvalConversation], results: ResultsFile,
-                 args: argparse.Namespace) -> tuple[int, int]:
+                 args: argparse.Namespace, judge_config: JudgeConfig | None) -> tuple[int, int]:
     """Score what is not done yet; returns (scored now, already done)."""
     from prometheus_client import CollectorRegistry
     from rich.console import Console
@@ -142,6 +145,8 @@ async def _score(cfg: ScoringConfig, convs: list[EvalConversation], results: Res
     )
 
     from sidecar.eval.run import ConversationScorer, check_server, score_all
+    from sidecar.judge.judge import TwoDimensionalJudge
+    from sidecar.judge.metrics import JudgeMetrics
     from sidecar.scoring.hooks import ScoringHooks
 
     done = results.load()
@@ -149,18 +154,22 @@ async def _score(cfg: ScoringConfig, convs: list[EvalConversation], results: Res
     if not todo:
         return 0, len(done)
     await check_server(cfg)
-    hooks = ScoringHooks(cfg, CollectorRegistry())
+    registry = CollectorRegistry()
+    hooks = ScoringHooks(cfg, registry)
+    judge = None if judge_config is None else TwoDimensionalJudge(judge_config, JudgeMetrics(registry))
     await hooks.start()
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TimeRemainingColumn())
     try:
         with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
             task = bar.add_task("scoring conversations", total=len(todo))
-            scorer = ConversationScorer(hooks, tree_turns=args.tree_turns, seed=args.seed)
+            scorer = ConversationScorer(hooks, tree_turns=args.tree_turns, seed=args.seed, judge=judge)
             await score_all(scorer, todo, results, concurrency=args.concurrency,
                             on_done=lambda _row: bar.advance(task))
     finally:
         await hooks.stop()
+        if judge is not None:
+            await judge.aclose()
     return len(todo), len(done)
 
 
@@ -211,16 +220,19 @@ def _run(args: argparse.Namespace, config: Any, convs: list[EvalConversation], r
          bundled: dict[str, Any] | None) -> int:
     from sidecar.eval import figures
     from sidecar.eval.goals import cluster_goals
-    from sidecar.eval.metrics import completion_examples, tree_samples
+    from sidecar.eval.metrics import completion_examples, judge_rows, tree_samples
     from sidecar.eval.report import build_summary, render_report
     from sidecar.eval.run import settings_fingerprint
+    from sidecar.judge.report import comparison_json as comparison
 
     t0 = time.monotonic()
     cfg = _scoring_config(args, config.scoring, bundled)
-    fingerprint = settings_fingerprint(cfg, args.tree_turns, args.seed)
+    judge_config = config.judge if args.judge else None
+    fingerprint = settings_fingerprint(cfg, args.tree_turns, args.seed,
+                                       None if judge_config is None else judge_config.llm.model)
     results = _prepare_out(args.out, fingerprint, args.restart)
     _write_json(args.out / "run.json", {"settings": fingerprint})
-    scored, resumed = asyncio.run(_score(cfg, convs, results, args))
+    scored, resumed = asyncio.run(_score(cfg, convs, results, args, judge_config))
     wanted = {c.conversation_id for c in convs}
     rows = sorted((r for r in results.load().values() if r["id"] in wanted), key=lambda r: r["id"])
     verdicts = {r["id"]: ((r.get("completion") or {}).get("full") or {}).get("complete") for r in rows}
@@ -238,7 +250,9 @@ def _run(args: argparse.Namespace, config: Any, convs: list[EvalConversation], r
         **{k: v for k, v in fingerprint.items() if k != "version"},
         "goal clustering": clusters.get("mode"),
     }
+    judged = judge_rows(rows)
     summary = build_summary(rows, clusters, run)
+    summary["judge"] = comparison(judged)
     fig_dir = args.out / "figures"
     made: dict[str, Path | None] = {}
     made.update(figures.completion_figures(completion_examples(rows)[0], fig_dir))
@@ -246,7 +260,7 @@ def _run(args: argparse.Namespace, config: Any, convs: list[EvalConversation], r
     made["clusters"] = figures.cluster_figure(clusters["clusters"], fig_dir)
     summary["run"]["wall seconds"] = round(time.monotonic() - t0, 1)
     _write_json(args.out / "summary.json", summary)
-    (args.out / "report.html").write_text(render_report(summary, rows, clusters, made), encoding="utf-8")
+    (args.out / "report.html").write_text(render_report(summary, rows, clusters, made, judged), encoding="utf-8")
     print(f"sidecar eval: {len(rows)} conversations in {args.out / 'report.html'} "
           f"({scored} scored now, {resumed} from earlier runs; input: {read})", file=sys.stderr)
     return EXIT_OK

@@ -88,10 +88,34 @@ def completion_section(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def method_rows(examples: Sequence[Example]) -> list[MethodRow]:
-    """The judge-free row for :func:`sidecar.judge.report.comparison_markdown`."""
-    return [classification_row("sidecar completion (judge-free)", [e.label for e in examples],
-                               [e.predicted for e in examples])]
+def judge_rows(rows: Iterable[Mapping[str, Any]]) -> list[MethodRow]:
+    """The sidecar's row and the LLM judge's on the examples both scored (empty without a judge),
+    the judge's with its cost per conversation (:mod:`sidecar.judge.report`)."""
+    labels: list[bool] = []
+    ours: list[bool] = []
+    theirs: list[bool] = []
+    undecided = calls = prompt = generated = 0
+    for row in rows:
+        judge = row.get("judge") or {}
+        comp = row.get("completion") or {}
+        for key, label in (("full", True), ("truncated", False)):
+            v, j = comp.get(key), judge.get(key)
+            if not v or not j or v.get("p_end") is None:
+                continue
+            labels.append(label)
+            ours.append(bool(v["complete"]))
+            theirs.append(bool(j["complete"]))
+            undecided += 0 if j["decided"] else 1
+            calls += j["calls"]
+            prompt += j["prompt_tokens"]
+            generated += j["completion_tokens"]
+    if not labels:
+        return []
+    return [
+        classification_row("sidecar completion (judge-free)", labels, ours),
+        classification_row("two-dimensional LLM judge", labels, theirs, judge_free=False, undecided=undecided,
+                           calls=calls, prompt_tokens=prompt, completion_tokens=generated),
+    ]
 
 
 def roc_points(examples: Sequence[Example]) -> tuple[list[float], list[float]] | None:

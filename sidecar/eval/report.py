@@ -96,10 +96,15 @@ def _completion(s: Mapping[str, Any], figs: Mapping[str, Path], judge: Sequence[
         _table(METRIC_HEAD, rows, "metrics"),
     ]
     if judge:
-        parts.append("<h3>Beside an LLM judge</h3>" + _table(
-            ("method", "judge-free", "n", "accuracy", "P (complete)", "R (complete)", "F1 (complete)", "undecided"),
-            [[escape(r.method), fmt(r.judge_free), fmt(r.n), fmt(r.accuracy), fmt(r.precision), fmt(r.recall),
-              fmt(r.f1), fmt(r.undecided)] for r in judge]))
+        parts.append(
+            '<h3 id="judge">Beside an LLM judge</h3><p>The same examples; a judgement that was malformed or '
+            "failed counts as incomplete (undecided). Cost per example.</p>" + _table(
+                ("method", "judge-free", "n", "accuracy", "P (complete)", "R (complete)", "F1 (complete)",
+                 "undecided", "calls", "prompt tokens", "generated tokens"),
+                [[escape(r.method), fmt(r.judge_free), fmt(r.n), fmt(r.accuracy), fmt(r.precision), fmt(r.recall),
+                  fmt(r.f1), fmt(r.undecided), fmt(r.calls_per_conversation, 2),
+                  fmt(r.prompt_tokens_per_conversation, 1), fmt(r.completion_tokens_per_conversation, 1)]
+                 for r in judge], "metrics"))
     parts += [_img(figs.get("roc"), "ROC of P(end)"), _img(figs.get("p_end_hist"), "P(end) by class"), "</section>"]
     return "".join(parts)
 

@@ -7,6 +7,8 @@ Per conversation (one line of ``results.jsonl``, appended as soon as it is done)
   hash of the id and the seed, so reruns pick the same k). Agents with an adapter go through
   :meth:`ScoringHooks.score_adapter <sidecar.scoring.hooks.ScoringHooks.score_adapter>` (what
   ``adapters eval`` uses); without one, through the live ``on_turn_closed`` hook (instruct prompt).
+* **the LLM judge** (optional, ``--judge``): :class:`~sidecar.judge.judge.TwoDimensionalJudge` on the
+  same full and truncated copies, for the comparison row beside the judge-free verdict.
 * **response trees** through the live ``on_user_message`` hook, on the paper-format prompt:
   c_k up to a user message plus the assistant header (Section 5.4; ``last``: the last user
   message, as the paper; ``all``: every one). The hook's ``TreeScored`` event gives the numbers,
@@ -41,6 +43,7 @@ from sidecar.transcript.model import Message, count_turns, prefix_through_turn
 from sidecar.transcript.tokenize import UnsafeContentError
 
 if TYPE_CHECKING:
+    from sidecar.judge.judge import TwoDimensionalJudge
     from sidecar.scoring.hooks import ScoringHooks
 
 RESULTS_VERSION = 1
@@ -63,7 +66,9 @@ def eval_scoring_config(base: ScoringConfig) -> ScoringConfig:
     return ScoringConfig.model_validate(data)
 
 
-def settings_fingerprint(config: ScoringConfig, tree_turns: TreeTurns, seed: int) -> dict[str, Any]:
+def settings_fingerprint(
+    config: ScoringConfig, tree_turns: TreeTurns, seed: int, judge_model: str | None = None
+) -> dict[str, Any]:
     """What makes two runs' rows comparable; a resumed run must match it."""
     agent = config.default_agent
     tree = config.tree
@@ -81,6 +86,7 @@ def settings_fingerprint(config: ScoringConfig, tree_turns: TreeTurns, seed: int
         "prompt_truncation": config.prompt_truncation,
         "tree_turns": tree_turns,
         "truncation_seed": seed,
+        "judge_model": judge_model,
     }
 
 
@@ -151,8 +157,11 @@ async def _outcome(result: HookResult) -> Any:
 class ConversationScorer:
     """One conversation -> one results row, on a started :class:`ScoringHooks`."""
 
-    def __init__(self, hooks: ScoringHooks, *, tree_turns: TreeTurns, seed: int) -> None:
+    def __init__(
+        self, hooks: ScoringHooks, *, tree_turns: TreeTurns, seed: int, judge: TwoDimensionalJudge | None = None
+    ) -> None:
         self.hooks = hooks
+        self.judge = judge
         self.adapter = hooks.config.default_agent.adapter
         self.tree_turns: TreeTurns = tree_turns
         self.seed = seed
@@ -171,6 +180,12 @@ class ConversationScorer:
             return {"error": str(out.get("error") or out.get("skipped") or "no_score")}
         return {"p_end": out["p_end"], "complete": out["complete"], "method": out.get("p_end_method"),
                 "variant": out.get("variant")}
+
+    async def judged(self, messages: Sequence[Message]) -> dict[str, Any]:
+        assert self.judge is not None
+        v = await self.judge.judge(messages)
+        return {"complete": v.complete, "decided": v.decided, "calls": v.calls,
+                "prompt_tokens": v.prompt_tokens, "completion_tokens": v.completion_tokens}
 
     async def tree(self, conv: EvalConversation, turn: int) -> dict[str, Any]:
         messages = through_user_message(conv.messages, turn)
@@ -201,10 +216,15 @@ class ConversationScorer:
         jobs: list[Awaitable[dict[str, Any]]] = [self.completion(conv, conv.messages)]
         if k is not None:
             jobs.append(self.completion(conv, prefix_through_turn(conv.messages, k)))
+        copies = [conv.messages] + ([prefix_through_turn(conv.messages, k)] if k is not None else [])
+        judged = len(copies) if self.judge is not None else 0
+        jobs += [self.judged(m) for m in copies[:judged]]
         jobs += [self.tree(conv, t) for t in tree_turns]
         done = await asyncio.gather(*jobs)
         full, rest = done[0], done[1:]
         truncated = {"turn": k, **rest.pop(0)} if k is not None else None
+        verdicts = [rest.pop(0) for _ in range(judged)]
+        extra = {"judge": {"full": verdicts[0], "truncated": verdicts[1] if k is not None else None}} if judged else {}
         return {
             "v": RESULTS_VERSION,
             "id": conv.conversation_id,
@@ -216,6 +236,7 @@ class ConversationScorer:
             "labels": dict(conv.labels),
             "completion": {"full": full, "truncated": truncated},
             "trees": list(rest),
+            **extra,
         }
 
 

@@ -53,6 +53,9 @@ def config(path: Path, server: VllmServer) -> Path:
             "tree": {"alpha": 0.2, "max_depth_tokens": 12, "max_requests": 8},
         },
         "clustering": {"mode": "extractive"},
+        # Short judge prompts: the tiny model's context is 2,048 tokens.
+        "judge": {"llm": {"base_url": server.base_url, "model": server.base_model, "max_tokens": 48},
+                  "max_transcript_chars": 1500, "max_message_chars": 300},
         "logging": {"level": "warning"},
     }), encoding="utf-8")
     return path
@@ -140,13 +143,24 @@ def test_eval_report_on_the_bundled_sample(vllm_server: VllmServer, tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_eval_trees_at_every_turn(vllm_server: VllmServer, tmp_path: Path) -> None:
+def test_eval_trees_at_every_turn_beside_the_judge(vllm_server: VllmServer, tmp_path: Path) -> None:
+    """Trees at every user message, and the LLM judge's row (the tiny model judges nonsense: its
+    malformed answers count as undecided, which is the point of that column)."""
     data = tmp_path / "data.jsonl"
     subset(data)
     out = tmp_path / "all"
     argv = ["eval", str(data), "--out", str(out), "--config", str(config(tmp_path / "c.yaml", vllm_server)),
-            "--tree-turns", "all", "--limit", "3", "--goals", "off"]
+            "--tree-turns", "all", "--limit", "3", "--goals", "off", "--judge"]
     assert main(argv) == 0
-    for r in rows_of(out):
+    rows = rows_of(out)
+    for r in rows:
         assert [t["turn"] for t in r["trees"]] == list(range(1, r["turns"] + 1))
-    assert "Not clustered: --goals off." in (out / "report.html").read_text(encoding="utf-8")
+        assert r["judge"]["full"]["calls"] == 2
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "Not clustered: --goals off." in html and '<h3 id="judge">' in html
+    judge = json.loads((out / "summary.json").read_text(encoding="utf-8"))["judge"]
+    assert [r["method"] for r in judge] == ["sidecar completion (judge-free)", "two-dimensional LLM judge"]
+    n = sum(1 + (r["completion"]["truncated"] is not None) for r in rows)
+    undecided = sum(not r["judge"][k]["decided"] for r in rows for k in ("full", "truncated") if r["judge"][k])
+    assert judge[1]["n"] == n and judge[1]["undecided"] == undecided and judge[1]["calls_per_conversation"] == 2.0
+    assert cells(html, "two-dimensional LLM judge")[6] == str(undecided)
