@@ -19,6 +19,8 @@ from collections import Counter
 from pathlib import Path
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from sidecar.alerting.alert import alert_id
 from sidecar.demo.mock_cluster import MockKafkaCluster
@@ -49,7 +51,7 @@ async def collect(port: int, topic_filter: str, got: Counter[str], stop: asyncio
                                       properties=_session_properties()) as client:
                 await client.subscribe(topic_filter, qos=1)
                 async for message in client.messages:
-                    got[json.loads(bytes(message.payload))["id"]] += 1  # type: ignore[arg-type]
+                    got[json.loads(bytes(message.payload))["id"]] += 1
         except aiomqtt.MqttError:
             await asyncio.sleep(0.3)
 
@@ -59,7 +61,7 @@ async def started(sidecar: SidecarProcess, log: Path, starts: int, timeout_secon
     after a SIGKILL the group waits out the dead member's session)."""
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
-        text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+        text = await asyncio.to_thread(_read, log)
         if text.count('"kafka.assigned"') >= starts:
             return
         assert sidecar.alive(), text[-3000:]
@@ -67,11 +69,12 @@ async def started(sidecar: SidecarProcess, log: Path, starts: int, timeout_secon
     raise AssertionError(f"sidecar start {starts} not assigned in {timeout_seconds:.0f}s")
 
 
-def _session_properties() -> object:
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
+def _read(log: Path) -> str:
+    return log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
 
-    props = Properties(PacketTypes.CONNECT)
+
+def _session_properties() -> Properties:
+    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     props.SessionExpiryInterval = 3600
     return props
 
@@ -120,7 +123,7 @@ async def test_every_due_alert_arrives_through_broker_outages_kills_and_stops(tm
                     starts += 1
                     await started(sidecar, log, starts)
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not expected <= set(got):
+            while time.monotonic() < deadline and not expected <= set(got):  # noqa: ASYNC110 - polls a counter
                 await asyncio.sleep(1)
             await asyncio.sleep(2)  # anything late would land now
             assert sidecar.alive(), (tmp_path / "sidecar.log").read_text()[-3000:]
