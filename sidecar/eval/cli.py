@@ -101,15 +101,19 @@ def _scoring_config(args: argparse.Namespace, base: ScoringConfig, bundled: dict
         raise ConfigError(f"invalid scoring options: {exc}") from exc
 
 
-def _prepare_out(out: Path, fingerprint: dict[str, Any], restart: bool) -> ResultsFile:
-    from sidecar.eval.run import ResultsFile
-
+def _make_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
     try:
         (out / "figures").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create --out {out}: {exc.strerror or exc}") from exc
+
+
+def _prepare_out(out: Path, fingerprint: dict[str, Any], restart: bool) -> ResultsFile:
+    from sidecar.eval.run import ResultsFile
+
+    _make_out(out)
     results = ResultsFile(out / "results.jsonl")
     run_file = out / "run.json"
     if restart:
@@ -199,14 +203,17 @@ def run_eval_command(args: argparse.Namespace) -> int:
         reason = models.scoring_unavailable_reason()
         if reason is not None:
             raise ConfigError(f"--bundled: {reason}")
-        args.out.mkdir(parents=True, exist_ok=True)
+        _make_out(args.out)
         server = models.local_server(args.out / "vllm.log")
         print("starting the bundled model on a local vLLM CPU server (1-2 minutes)...", file=sys.stderr)
         server.start()
         bundled = models.scoring_overrides(server)
     try:
         if server is not None:
-            server.wait_ready_blocking()
+            try:
+                server.wait_ready_blocking()
+            except (RuntimeError, TimeoutError) as exc:
+                raise EvalError(f"the local vLLM server did not start (log: {args.out / 'vllm.log'})") from exc
         return _run(args, config, convs, read.describe(), bundled)
     except EvalError as exc:
         print(f"sidecar eval: {exc}", file=sys.stderr)
