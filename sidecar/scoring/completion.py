@@ -23,13 +23,17 @@ For c_k = [p_1, r_1, ..., p_k, r_k] the scorer asks for the greedy continuation 
   the marker contribute their logprobs directly). ``p_end_method`` says which path was taken.
 * When not complete, the greedy continuation (bounded by ``max_remaining_tokens``) is the
   "remaining tasks" text shown to humans.
+* An agent may use the **threshold rule** instead (``scoring.agents.<name>.completion_rule``):
+  complete iff P(end) >= a threshold calibrated on its own held-back conversations
+  (:func:`with_threshold`). P(end) is the same exact value; the greedy verdict stays in the
+  outcome as ``greedy_complete``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sidecar.errors import PermanentError
@@ -55,6 +59,7 @@ class CompletionScore:
     generated_tokens: int
     requests: int
     p_end_method: str = "top_k"
+    greedy_complete: bool | None = None  # set when another rule decided ``complete``
 
     def outcome(self, *, include_text: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -67,9 +72,28 @@ class CompletionScore:
             "generated_tokens": self.generated_tokens,
             "requests": self.requests,
         }
+        if self.greedy_complete is not None:
+            out["greedy_complete"] = self.greedy_complete
         if include_text and not self.complete:
             out["remaining_tasks"] = self.remaining_text
         return out
+
+
+def with_threshold(score: CompletionScore, threshold: float) -> CompletionScore:
+    """The verdict under the threshold rule: complete iff P(end) >= ``threshold``; P(end) unchanged.
+
+    A prefix the threshold calls complete keeps no remaining-tasks text (even if the greedy
+    continuation was something else); one it calls incomplete keeps the greedy continuation, which
+    is empty when that continuation was the end tag.
+    """
+    complete = score.p_end >= threshold
+    return replace(
+        score,
+        complete=complete,
+        greedy_complete=score.complete,
+        remaining_token_ids=() if complete else score.remaining_token_ids,
+        remaining_text="" if complete else score.remaining_text,
+    )
 
 
 class CompletionScorer:

@@ -99,12 +99,39 @@ class AgentConfig(BaseModel):
         description="Served LoRA adapter name for the completion scorer; none = instruct-prompt variant "
         "on the base model.",
     )
+    completion_rule: Literal["greedy", "threshold"] = Field(
+        "greedy",
+        description="greedy: complete iff the end tag is the most likely next token (the paper's rule); threshold: "
+        "complete iff P(end) >= p_end_threshold (calibrated per agent by `adapters onboard`). P(end) is exact either "
+        "way.",
+    )
+    p_end_threshold: float | None = Field(
+        None, gt=0, lt=1, description="The P(end) threshold of completion_rule: threshold."
+    )
+    validation_f1: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="F1 of the adapter on the agent's own held-back conversations (truncation protocol), as "
+        "`adapters onboard` recorded it; below completion.min_validation_f1 the adapter is reported untrusted.",
+    )
+    adapter_manifest: Path | None = Field(
+        None,
+        description="The adapter's manifest.json (as exported by `adapters`): its recorded validation is read from it "
+        "at start when validation_f1 is not set.",
+    )
     tree_model: str | None = Field(None, description="Served name used for response trees; default: the base model.")
     completion_sample_rate: float = Field(1.0, ge=0, le=1, description="Fraction of turns scored.")
     tree_sample_rate: float = Field(1.0, ge=0, le=1, description="Fraction of user messages given a tree.")
     max_tokens_per_minute: int = Field(
         0, ge=0, description="Generated-token budget per minute for this agent (0 = unlimited)."
     )
+
+    @model_validator(mode="after")
+    def _threshold_rule_is_complete(self) -> AgentConfig:
+        if self.completion_rule == "threshold" and (self.p_end_threshold is None or self.adapter is None):
+            raise ValueError("completion_rule: threshold needs an adapter and p_end_threshold")
+        return self
 
 
 class CompletionConfig(BaseModel):
@@ -126,6 +153,14 @@ class CompletionConfig(BaseModel):
     )
     include_text_in_outcome: bool = Field(
         False, description="Put the remaining-tasks text in outcomes (they go to Kafka): off by default."
+    )
+    min_validation_f1: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="An agent's adapter is trusted only with a recorded validation F1 (agents.<name>.validation_f1 "
+        "or its manifest) at least this high; otherwise /readyz, sidecar_completion_adapter_trusted and the "
+        "outcomes' completion_source say so (scoring goes on).",
     )
 
 

@@ -30,13 +30,14 @@ from prometheus_client import CollectorRegistry
 from sidecar.errors import ConfigError, PermanentError
 from sidecar.lifecycle import Health
 from sidecar.scoring.client import LLMClient, VllmClient
-from sidecar.scoring.completion import CompletionScore, CompletionScorer
+from sidecar.scoring.completion import CompletionScore, CompletionScorer, with_threshold
 from sidecar.scoring.config import AgentConfig, ScoringConfig
 from sidecar.scoring.metrics import ScoringMetrics
 from sidecar.scoring.prompts import PromptBuilder, PromptTooLong
 from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
-from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander, branch_views, most_probable_text
-from sidecar.stage.events import CompletionScored, Scored, TreeBranch, TreeScored
+from sidecar.scoring.tree import TreeBudget, TreeExpander, branch_views, most_probable_text, tree_event
+from sidecar.scoring.trust import AdapterTrust
+from sidecar.stage.events import CompletionScored, Scored, TreeBranch
 from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message, prefix_through_turn
@@ -132,6 +133,8 @@ class ScoringHooks:
             stop_strings=() if self.prompts.tree_chat else tc.stop_strings,
             decode=tokenizer.decode,
         )
+        self.trust = AdapterTrust(config, lambda label, v: self.metrics.adapter_trusted.labels(label).set(v))
+        self.trust.publish_configured(self._labels)
         self._goal = goal_labeler or _unknown_goal
         self._budgets: dict[str, TokenBucket] = {}
         self._slots: dict[str, Slots] = {}
@@ -218,22 +221,31 @@ class ScoringHooks:
     # -- completion -------------------------------------------------------------------------------
 
     async def _completion(self, ctx: TurnContext, label: str) -> CompletionScore:
+        """c_k's verdict under the agent's rule (the raw greedy score is what is cached)."""
         cfg = self.config.agent(ctx.agent)
+        route = self.trust.route(ctx.agent)
+        self.trust.publish(label, route)
         key = (ctx.conversation_id, len(prefix_through_turn(ctx.messages, ctx.turn)), cfg.adapter or "")
-        cached = self._verdicts.get(key)
-        if cached is not None:
-            return cached
-        if cfg.adapter is not None and self._adapter_scorer is not None:
-            scorer, model = self._adapter_scorer, cfg.adapter
-            prompt, _ = await self._prompt(self.prompts.completion_adapter, ctx)
-        else:
-            scorer, model = self._instruct_scorer, self.config.vllm.base_model
-            prompt, _ = await self._prompt(self.prompts.completion_instruct, ctx)
-        score = await self._until_available("completion", lambda: scorer.score(model, prompt))
-        self._budget(label, cfg).spend(score.generated_tokens)
-        self.metrics.p_end.labels(label).observe(score.p_end)
-        self._verdicts.put(key, score)
+        score = self._verdicts.get(key)
+        if score is None:
+            if cfg.adapter is not None and self._adapter_scorer is not None:
+                scorer, model = self._adapter_scorer, cfg.adapter
+                prompt, _ = await self._prompt(self.prompts.completion_adapter, ctx)
+            else:
+                scorer, model = self._instruct_scorer, self.config.vllm.base_model
+                prompt, _ = await self._prompt(self.prompts.completion_instruct, ctx)
+            score = await self._until_available("completion", lambda: scorer.score(model, prompt))
+            self._budget(label, cfg).spend(score.generated_tokens)
+            self.metrics.p_end.labels(label).observe(score.p_end)
+            self.metrics.completion_requests.labels(label).observe(score.requests)
+            self._verdicts.put(key, score)
+        if route.p_end_threshold is not None and score.variant == "adapter":
+            return with_threshold(score, route.p_end_threshold)
         return score
+
+    def _outcome(self, ctx: TurnContext, score: CompletionScore) -> dict[str, Any]:
+        include = self.config.completion.include_text_in_outcome
+        return {**score.outcome(include_text=include), **self.trust.route(ctx.agent).outcome()}
 
     async def score_adapter(self, messages: Sequence[Message], adapter: str) -> CompletionScore:
         """The adapter verdict on c_k = ``messages``: the prompt and scorer the hooks use, no scheduling.
@@ -248,7 +260,6 @@ class ScoringHooks:
     def on_turn_closed(self, ctx: TurnContext) -> HookResult:
         label = self._agent_label(ctx.agent)
         cfg = self.config.agent(ctx.agent)
-        include = self.config.completion.include_text_in_outcome
         # Decisions that need no model are returned at once (the processor records them directly).
         if not (self.config.enabled and self.config.completion.enabled):
             return self._skip("completion", label, "disabled")
@@ -260,13 +271,12 @@ class ScoringHooks:
         async def work() -> Outcome:
             score = await self._completion(ctx, label)
             self.metrics.turns_scored.labels(label, "complete" if score.complete else "incomplete").inc()
-            return Scored(score.outcome(include_text=include), [self._completion_event(ctx, score, final=False)])
+            return Scored(self._outcome(ctx, score), [self._completion_event(ctx, score, final=False)])
 
         return self._guard("completion", label, work)
 
     def on_conversation_ended(self, ctx: TurnContext) -> HookResult:
         label = self._agent_label(ctx.agent)
-        include = self.config.completion.include_text_in_outcome
         scoring = self.config.enabled and self.config.completion.enabled and ctx.turn > 0
 
         async def work() -> Outcome:
@@ -282,7 +292,7 @@ class ScoringHooks:
             outcome = "complete" if score.complete else "incomplete"
             self.metrics.conversations_ended.labels(label, outcome, goal).inc()
             return Scored(
-                {**score.outcome(include_text=include), "final": True, "goal": goal},
+                {**self._outcome(ctx, score), "final": True, "goal": goal},
                 [self._completion_event(ctx, score, final=True)],
             )
 
@@ -354,26 +364,6 @@ class ScoringHooks:
             return Scored(out, [tree_event(tree, model, text, views)])
 
         return self._guard("tree", label, work)
-
-
-def tree_event(
-    tree: ResponseTree, model: str, best_branch: str | None, branches: Sequence[TreeBranch] = ()
-) -> TreeScored:
-    """The tree as the post-score stage sees it. The best-branch logprob is the most probable
-    complete branch's, or, when the budget stopped every branch early, the most probable partial
-    one's (an upper bound of what it would have reached)."""
-    best = tree.best_branch() or max(tree.branches, key=lambda b: b.logprob, default=None)
-    return TreeScored(
-        leaves=tree.leaves,
-        complete_leaves=sum(1 for b in tree.branches if b.complete),
-        max_logprob=None if best is None else best.logprob,
-        mean_token_logprob=None if best is None or not best.tokens else best.logprob / len(best.tokens),
-        generated_tokens=tree.generated_tokens,
-        budget_hit=tree.budget_hit,
-        model=model,
-        best_branch=best_branch,
-        branches=tuple(branches),
-    )
 
 
 def _end_tag_id(tokenizer: SafeTokenizer, end_tag: str, config: ScoringConfig) -> int | None:

@@ -37,6 +37,13 @@ class ScoringMetrics:
             ["agent", "outcome", "goal"],
             registry=registry,
         )
+        self.adapter_trusted = Gauge(
+            "sidecar_completion_adapter_trusted",
+            "1 if the agent's completion adapter has a recorded validation F1 at or above "
+            "scoring.completion.min_validation_f1, else 0 (none configured, unvalidated, or below the floor).",
+            ["agent"],
+            registry=registry,
+        )
         self.tree_leaves = Histogram(
             "sidecar_tree_leaves", "Leaves per response tree.", ["agent"], buckets=_LEAF_BUCKETS, registry=registry
         )

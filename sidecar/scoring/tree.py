@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sidecar.scoring.client import GeneratedChoice, LLMClient
+from sidecar.stage.events import TreeBranch, TreeScored
 
 T = TypeVar("T")
 
@@ -322,3 +323,23 @@ def branch_views(
         prefix = decode([t for t in b.tokens[: b.split] if t not in stops])
         out.append((b.parent, len(prefix), text[len(prefix) :], b.logprob, b.complete, b.truncated))
     return out
+
+
+def tree_event(
+    tree: ResponseTree, model: str, best_branch: str | None, branches: Sequence[TreeBranch] = ()
+) -> TreeScored:
+    """The tree as the post-score stage sees it. The best-branch logprob is the most probable
+    complete branch's, or, when the budget stopped every branch early, the most probable partial
+    one's (an upper bound of what it would have reached)."""
+    best = tree.best_branch() or max(tree.branches, key=lambda b: b.logprob, default=None)
+    return TreeScored(
+        leaves=tree.leaves,
+        complete_leaves=sum(1 for b in tree.branches if b.complete),
+        max_logprob=None if best is None else best.logprob,
+        mean_token_logprob=None if best is None or not best.tokens else best.logprob / len(best.tokens),
+        generated_tokens=tree.generated_tokens,
+        budget_hit=tree.budget_hit,
+        model=model,
+        best_branch=best_branch,
+        branches=tuple(branches),
+    )
