@@ -81,7 +81,7 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
             config.scoring, registry, goal_labeler=goals.goal_label if goals else None, agent_labels=labels
         )
         out.components.append(scoring)
-        out.health.append(scoring)
+        out.health.extend([scoring, scoring.trust])
         named["scoring"] = scoring
     if config.judge.enabled:
         from sidecar.judge.hooks import JudgeHooks
@@ -93,6 +93,13 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
         named["goals"] = goals
     if named:
         out.hooks = CompositeHooks(named)
+    if config.training_store.enabled:
+        from sidecar.training_store.sink import TrainingStoreSink
+
+        store = TrainingStoreSink(config.training_store, registry, labels, redacted=config.state.redaction.enabled)
+        out.sinks.append(store)
+        out.components.append(store)
+        out.health.append(store)
     escalations = build_escalations(config, registry, labels)
     if config.tree_view.enabled:
         from sidecar.trees.view import TreeView

@@ -24,6 +24,7 @@ from sidecar.scoring.config import ScoringConfig
 from sidecar.source.config import KafkaConfig
 from sidecar.state.config import StateConfig
 from sidecar.telemetry.config import HttpConfig, LoggingConfig
+from sidecar.training_store.config import TrainingStoreConfig
 from sidecar.trees.config import TreeViewConfig
 
 CONFIG_FILE_ENV = "SIDECAR_CONFIG_FILE"
@@ -51,6 +52,7 @@ class SidecarConfig(BaseSettings):
     alerting: AlertingConfig = Field(default_factory=AlertingConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     tree_view: TreeViewConfig = Field(default_factory=TreeViewConfig)
+    training_store: TrainingStoreConfig = Field(default_factory=TrainingStoreConfig)
 
     @model_validator(mode="after")
     def _alerts_topic_is_its_own(self) -> SidecarConfig:

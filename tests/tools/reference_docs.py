@@ -28,6 +28,7 @@ METRIC_CLASSES = [
     "sidecar.alerting.metrics:AlertMetrics",
     "sidecar.judge.metrics:JudgeMetrics",
     "sidecar.telemetry.loop_lag:LoopLagMonitor",
+    "sidecar.training_store.sink:TrainingStoreMetrics",
 ]
 
 
