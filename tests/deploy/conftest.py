@@ -1,9 +1,10 @@
 """Fixtures of the deploy tests: the chart's tools, and one running sidecar for the whole session.
 
 The running sidecar is a real ``sidecar run`` process against librdkafka's mock Kafka cluster,
-with scoring on the suite's vLLM server and LLM-free goal clustering on, so that every metric family
-the code registers is on its /metrics. The metric-name test scrapes it; the end-to-end alerting
-test points a real Prometheus at it.
+with scoring on the suite's vLLM server, LLM-free goal clustering on, and escalation alerts on with
+a Kafka alert sink (a topic on the same mock cluster), so that every metric family the code
+registers is on its /metrics, the alert sinks' labelled series included. The metric-name test
+scrapes it; the end-to-end alerting test points a real Prometheus at it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.integration.kafka_support import SidecarProcess, free_port, produce_r
 from tests.support.vllm_server import VllmServer
 
 TOPIC = "deploy"
+ALERTS_TOPIC = f"{TOPIC}.alerts"
 # Malformed records: each is dead-lettered (invalid_json, not_an_object, schema).
 MALFORMED: tuple[bytes, ...] = (b"{not json", b"[1, 2, 3]", b'{"v": 1, "type": "message"}')
 AGENTS = ("booking", "support")
@@ -90,7 +92,7 @@ def _wait_metrics(sidecar: RunningSidecar, log: Path, deadline_seconds: float) -
 
 @pytest.fixture(scope="session")
 def running_sidecar(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSidecar]:
-    """``sidecar run`` with scoring and goal clustering on, fed with sample and malformed records."""
+    """``sidecar run`` with scoring, goal clustering and alerting on, fed with sample and malformed records."""
     root = tmp_path_factory.mktemp("deploy-sidecar")
     port = free_port()
     with MockKafkaCluster() as kafka:
@@ -112,6 +114,8 @@ def running_sidecar(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFa
             },
             clustering={"enabled": True, "mode": "extractive", "k1": 4, "min_conversations": 10,
                         "recluster_interval_seconds": 2},
+            # The alert-sink series (sidecar_alert_sink_up{sink}, ...) exist only with a sink.
+            alerting={"enabled": True, "sinks": {"kafka": {"enabled": True, "topic": ALERTS_TOPIC}}},
         )  # fmt: skip
         log = root / "sidecar.log"
         process = SidecarProcess(cfg, log)

@@ -1,13 +1,15 @@
 """Every metric a dashboard panel, a dashboard variable or an alert rule reads is really exported:
-sidecar_* and process_* names by a running sidecar (scoring and goal clustering on), vllm:* names
-by the real vLLM server. A renamed metric would otherwise blank a panel or silence an alert
-without any error."""
+sidecar_* and process_* names by a running sidecar (scoring, goal clustering and alerting to a
+Kafka sink on), vllm:* names by the real vLLM server. A renamed metric would otherwise blank a
+panel or silence an alert without any error."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Iterator
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.chart import CHART, render, rule_groups
 from tests.deploy.conftest import RunningSidecar
@@ -69,5 +71,29 @@ def test_dashboards_cover_the_pipeline_and_scoring_families(helm: str) -> None:
         "process_resident_memory_bytes", "sidecar_vllm_prompt_tokens_total", "sidecar_vllm_request_errors_total",
         "sidecar_vllm_request_duration_seconds", "sidecar_vllm_circuit_breaker_state",
         "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "sidecar_goal_info",
+        # Escalations (fleet overview, row "Escalations") and scoring cost.
+        "sidecar_alerts_total", "sidecar_alerts_suppressed_total", "sidecar_alert_delivery_retries_total",
+        "sidecar_alert_sink_up", "sidecar_alerts_pending", "sidecar_escalation_latency_seconds",
+        "sidecar_uncertainty_score", "sidecar_completion_requests", "sidecar_scoring_skipped_total",
     ):  # fmt: skip
         assert family in used, family
+
+
+def test_rules_cover_the_escalation_families(helm: str) -> None:
+    used = {base_name(n) for n in all_metric_names(rule_exprs())}
+    for family in (
+        "sidecar_escalation_latency_seconds", "sidecar_alert_sink_up", "sidecar_alert_delivery_retries_total",
+        "sidecar_alerts_total", "sidecar_uncertain_turns_total", "sidecar_uncertainty_score",
+    ):  # fmt: skip
+        assert family in used, family
+
+
+def test_the_running_sidecar_exports_its_alert_sink(running_sidecar: RunningSidecar) -> None:
+    """Alerting is really on: the sink's own labelled series exist, not only the families' HELP lines."""
+    samples = {
+        (s.name, tuple(sorted(s.labels.items())))
+        for family in text_string_to_metric_families(running_sidecar.metrics())
+        for s in family.samples
+    }
+    assert ("sidecar_alert_sink_up", (("sink", "kafka"),)) in samples
+    assert ("sidecar_alerts_pending", ()) in samples

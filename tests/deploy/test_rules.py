@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sidecar.alerting.config import UncertaintyPolicyConfig
 from tests.deploy.chart import DEPLOY, ToolMissing, one, render, rule_groups, scenarios, tool
 
 RULES = DEPLOY / "prometheus" / "sidecar-alerts.yaml"
@@ -74,7 +75,8 @@ def test_alerts_follow_the_conventions() -> None:
     assert names == [
         "SidecarCompletionRateDropping", "SidecarUncertainTurnsSpike", "SidecarConsumerLagGrowing",
         "SidecarCommitStalled", "SidecarDeadLetterRateHigh", "SidecarLlmErrorRateHigh",
-        "SidecarLlmCircuitBreakerOpen", "SidecarScoringBacklog",
+        "SidecarLlmCircuitBreakerOpen", "SidecarScoringBacklog", "SidecarEscalationLatencyHigh",
+        "SidecarAlertSinkDown", "SidecarAlertsRejected", "SidecarUncertainTurnRateAboveTarget",
     ]  # fmt: skip
     for a in alerts():
         assert re.fullmatch(r"[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]+)+", a["alert"]), a["alert"]
@@ -103,3 +105,50 @@ def test_every_alert_has_a_runbook() -> None:
         positions = [text.find(s + "\n") for s in SECTIONS]
         assert all(p > 0 for p in positions) and positions == sorted(positions), a["alert"]
         assert f"[{a['alert']}.md]({a['alert']}.md)" in index
+
+
+def target_rules(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for g in groups for r in g["rules"] if r["alert"] == "SidecarUncertainTurnRateAboveTarget"]
+
+
+def threshold(rule: dict[str, Any]) -> str:
+    """The target rate in the rule's ``> factor * target`` comparison."""
+    m = re.search(r"^> 3 \* ([0-9.]+)$", rule["expr"], re.MULTILINE)
+    assert m, rule["expr"]
+    return m.group(1)
+
+
+def test_uncertain_turn_rate_alert_reads_the_policy_targets(helm: str, tmp_path: Path) -> None:
+    """One rule per uncertainty policy, with that policy's target_rate: the default policy's for the
+    agents without their own, each listed agent's own (or the sidecar's default, as an agent's policy
+    replaces the default policy whole)."""
+    default_target = str(UncertaintyPolicyConfig.model_fields["target_rate"].default)
+    [rule] = target_rules(rule_groups(render(set_values={"prometheusRule.enabled": "true"})))
+    assert threshold(rule) == default_target
+    assert "{" not in rule["expr"]
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "prometheusRule": {"enabled": True},
+        "config": {"alerting": {
+            "policy": {"uncertainty": {"target_rate": 0.1}},
+            "agents": {"support": {"max_alerts_per_minute": 5}, "booking": {"uncertainty": {"target_rate": 0.02}}},
+        }},
+    }))  # fmt: skip
+    rules = target_rules(rule_groups(render([values])))
+    assert [r["expr"].count('{agent!="booking", agent!="support"}') for r in rules] == [3, 0, 0]
+    assert [r["expr"].count('{agent="booking"}') for r in rules] == [0, 3, 0]
+    assert [r["expr"].count('{agent="support"}') for r in rules] == [0, 0, 3]
+    assert [threshold(r) for r in rules] == ["0.1", "0.02", default_target]
+    for r in rules:
+        assert f"the target rate {threshold(r)} of its uncertainty policy" in r["annotations"]["description"]
+
+
+def test_the_spike_alert_leaves_relative_policy_agents_to_the_target_alert(helm: str) -> None:
+    def spike(extra: dict[str, str]) -> str:
+        groups = rule_groups(render(set_values={"prometheusRule.enabled": "true", **extra}))
+        expr: str = next(r["expr"] for g in groups for r in g["rules"] if r["alert"] == "SidecarUncertainTurnsSpike")
+        return expr
+
+    assert "unless on (namespace, job, agent)" in spike({})
+    off = {"prometheusRule.alerts.SidecarUncertainTurnRateAboveTarget.enabled": "false"}
+    assert "sidecar_uncertainty_score_count" not in spike(off)

@@ -94,6 +94,7 @@ app.kubernetes.io/component: vllm
 {{- if $s.vllmApiKey }}{{ $_ := set $env "SIDECAR_SCORING__VLLM__API_KEY" $s.vllmApiKey }}{{ end -}}
 {{- if $s.clusteringLlmApiKey }}{{ $_ := set $env "SIDECAR_CLUSTERING__LLM__API_KEY" $s.clusteringLlmApiKey }}{{ end -}}
 {{- if $s.clusteringEmbeddingApiKey }}{{ $_ := set $env "SIDECAR_CLUSTERING__EMBEDDING__API_KEY" $s.clusteringEmbeddingApiKey }}{{ end -}}
+{{- if $s.judgeLlmApiKey }}{{ $_ := set $env "SIDECAR_JUDGE__LLM__API_KEY" $s.judgeLlmApiKey }}{{ end -}}
 {{- if $s.alertingMqttPassword }}{{ $_ := set $env "SIDECAR_ALERTING__SINKS__MQTT__PASSWORD" $s.alertingMqttPassword }}{{ end -}}
 {{- if $s.alertingWebhookSecret }}{{ $_ := set $env "SIDECAR_ALERTING__SINKS__WEBHOOK__SECRET" $s.alertingWebhookSecret }}{{ end -}}
 {{- if $s.alertingAlertmanagerBearerToken }}{{ $_ := set $env "SIDECAR_ALERTING__SINKS__ALERTMANAGER__BEARER_TOKEN" $s.alertingAlertmanagerBearerToken }}{{ end -}}
