@@ -14,19 +14,32 @@ from pathlib import Path
 
 import structlog
 
-DATASETS = ("sgd", "multiwoz", "star", "optimouse", "taubench_airline")
+from adapters.errors import AdaptersError, DataError
 
 
-def _shared_dir() -> Path:
+def _default_datasets_dir() -> Path:
     env = os.environ.get("SIDECAR_SHARED_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent.parent / "shared"
+    return (Path(env) if env else Path(__file__).resolve().parent.parent.parent / "shared") / "datasets"
 
 
 def _datasets(value: str) -> list[str]:
+    """Comma-separated data set names or source specs (any name: there is no list of known ones)."""
     names = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [n for n in names if n not in DATASETS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown datasets {bad}; choose from {','.join(DATASETS)}")
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one data set")
+    return names
+
+
+def _prepared(data_dir: Path, names: list[str] | None) -> list[str]:
+    """The named prepared data sets, or every one ``prepare`` wrote under ``data_dir``."""
+    if names is None:
+        names = sorted(p.name for p in data_dir.iterdir() if (p / "train.jsonl").exists()) if data_dir.is_dir() else []
+        if not names:
+            raise DataError(f"{data_dir} holds no prepared data set (run `adapters prepare --out {data_dir}`)")
+        return names
+    missing = [n for n in names if not (data_dir / n / "train.jsonl").exists()]
+    if missing:
+        raise DataError(f"not prepared under {data_dir}: {', '.join(missing)}")
     return names
 
 
@@ -49,8 +62,14 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     sub = p.add_subparsers(dest="command", required=True)
 
     pr = sub.add_parser("prepare", help="datasets -> SFT pairs (train side) and test examples")
-    pr.add_argument("--datasets-dir", type=Path, default=None, help="default: <shared>/datasets")
-    pr.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    pr.add_argument("--datasets-dir", type=Path, default=None,
+                    help="where names are looked up (DIR/<name>/*.jsonl[.gz] or DIR/<name>.jsonl[.gz]); "
+                         "default: $SIDECAR_SHARED_DIR/datasets")
+    pr.add_argument("--datasets", type=_datasets, default=None,
+                    help="names, files, directories or NAME=SPEC sources (see adapters/README.md); "
+                         "default: every data set under --datasets-dir")
+    pr.add_argument("--max-input-bytes", type=_positive_int, default=4 * 1024**3,
+                    help="refuse a source that inflates to more than this")
     pr.add_argument("--out", type=Path, required=True)
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--max-train", type=_positive_int, default=None, help="train conversations per dataset")
@@ -58,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
 
     tb = sub.add_parser("train-base", help="train the tokenizer and a small Llama from scratch")
     tb.add_argument("--data", type=Path, required=True, help="output of prepare")
-    tb.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    tb.add_argument("--datasets", type=_datasets, default=None)
     tb.add_argument("--out", type=Path, required=True)
     tb.add_argument("--vocab-size", type=_positive_int, default=4096)
     tb.add_argument("--hidden-size", type=_positive_int, default=256)
@@ -76,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
 
     tl = sub.add_parser("train-lora", help="LoRA SFT (paper recipe) on a base model")
     tl.add_argument("--data", type=Path, required=True)
-    tl.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    tl.add_argument("--datasets", type=_datasets, default=None)
     tl.add_argument("--base", type=Path, required=True)
     tl.add_argument("--out", type=Path, required=True)
     tl.add_argument("--no-end-tag", action="store_true", help="ablation: target r_n without the end tag")
@@ -110,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
 
     ev = sub.add_parser("eval", help="Table-2 evaluation through a real vLLM server")
     ev.add_argument("--data", type=Path, required=True)
-    ev.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    ev.add_argument("--datasets", type=_datasets, default=None)
     ev.add_argument("--base", type=Path, required=True)
     ev.add_argument("--adapter", type=Path, required=True)
     ev.add_argument("--adapter-no-end-tag", type=Path, default=None)
@@ -122,28 +141,68 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
 
     va = sub.add_parser("validate", help="protocol on unseen train-side conversations, in-process (recipe choice)")
     va.add_argument("--data", type=Path, required=True)
-    va.add_argument("--datasets", type=_datasets, default=list(DATASETS))
+    va.add_argument("--datasets", type=_datasets, default=None)
     va.add_argument("--base", type=Path, required=True)
     va.add_argument("--adapter", type=Path, default=None, help="peft adapter dir; none = the base alone")
     va.add_argument("--skip", type=_non_negative_int, required=True,
                     help="train conversations per dataset to skip: at least train-lora's --max-per-dataset")
     va.add_argument("--max-conversations", type=_positive_int, default=None, help="per dataset")
     va.add_argument("--max-context-tokens", type=_positive_int, default=512)
+
+    from adapters.onboard_cli import add_parser as add_onboard
+
+    add_onboard(sub)
+    et = sub.add_parser("add-end-tag", help="give a base model the end tag as a special token, rows initialised")
+    et.add_argument("--base", type=Path, required=True)
+    et.add_argument("--out", type=Path, required=True)
+    et.add_argument("--reuse-reserved", choices=("auto", "never"), default="auto",
+                    help="auto: rename an unused reserved special token of the base (no resize) when it has one")
+    et.add_argument("--seed", type=int, default=0)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     # stdout carries the command's JSON result; logs go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    try:
+        result = _run(args)
+    except AdaptersError as exc:
+        parser.exit(2, f"adapters {args.command}: error: {exc}\n")
+    json.dump(result, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> object:
     result: object
+    if args.command in ("train-base", "train-lora", "eval", "validate"):
+        args.datasets = _prepared(args.data, args.datasets)
     if args.command == "prepare":
         from adapters.prepare import prepare
+        from adapters.sources import ReadLimits, discover, open_source
 
-        ddir = args.datasets_dir or _shared_dir() / "datasets"
-        result = prepare(ddir, args.datasets, args.out, seed=args.seed, max_train=args.max_train,
-                         max_test=args.max_test)
-    elif args.command == "train-base":
+        ddir = args.datasets_dir or _default_datasets_dir()
+        limits = ReadLimits(max_bytes=args.max_input_bytes)
+        names = args.datasets or discover(ddir)
+        sources = [open_source(n, datasets_dir=ddir, limits=limits) for n in names]
+        return prepare(sources, args.out, seed=args.seed, max_train=args.max_train, max_test=args.max_test)
+    if args.command == "onboard":
+        from adapters.onboard import run_onboarding
+        from adapters.onboard_cli import spec_from_args
+
+        onboarding = spec_from_args(args)
+        if args.threads is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        return run_onboarding(onboarding)
+    if args.command == "add-end-tag":
+        from adapters.end_tag import add_end_tag
+
+        return add_end_tag(args.base, args.out, reuse_reserved=args.reuse_reserved == "auto", seed=args.seed)
+    if args.command == "train-base":
         from adapters.base import BaseModelSpec, train_base
 
         spec = BaseModelSpec(args.vocab_size, args.hidden_size, args.layers, args.heads, args.intermediate_size,
@@ -152,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             learning_rate=args.lr, max_tokens=args.max_tokens, seed=args.seed,
                             max_steps=args.max_steps)
     elif args.command == "train-lora":
-        from adapters.lora import LoraRecipe, train_lora
+        from adapters.lora import train_lora
+        from adapters.recipe import LoraRecipe
 
         recipe = LoraRecipe(rank=args.rank, alpha=2 * args.rank, epochs=args.epochs, learning_rate=args.lr,
                             batch_size=args.batch_size, max_context_tokens=args.max_context_tokens,
@@ -175,9 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from adapters.evaluate import run_eval
 
         result = run_eval(args)
-    json.dump(result, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
-    return 0
+    return result
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import random
@@ -139,29 +138,11 @@ def parse_record(rec: Any) -> Conversation:
     )
 
 
-def _parse_line(raw: bytes) -> Conversation:
-    if len(raw) > MAX_LINE_BYTES:
-        raise BadRecordError("line too long")
-    return parse_record(json.loads(raw.decode("utf-8")))
-
-
 def read_conversations(path: Path) -> Iterator[Conversation]:
     """Stream conversations from a (gzipped) JSONL file; malformed lines are logged and skipped."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    bad = 0
-    with opener(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                conv = _parse_line(raw)
-            except (BadRecordError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                bad += 1
-                log.warning("adapters.data.bad_record", path=path.name, line=lineno, reason=str(exc)[:200])
-                continue
-            yield conv
-    if bad:
-        log.info("adapters.data.skipped", path=path.name, bad_records=bad)
+    from adapters.sources import ReadLimits, ReadStats, read_jsonl
+
+    yield from read_jsonl(path, ReadStats(), ReadLimits())
 
 
 def stable_unit(key: str, salt: str = "") -> float:

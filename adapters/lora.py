@@ -15,52 +15,34 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from adapters.data import messages_from_json
+from adapters.errors import DataError
 from adapters.manifest import file_sha256, read_manifest, write_manifest
-from adapters.tokenizer import END_TAG, PAD, encode_messages_with_offsets, load_tokenizer, special_id
+from adapters.recipe import LOSS_MODES, LoraRecipe
+from adapters.tokenizer import END_TAG, encode_messages_with_offsets, load_tokenizer, padding_id, special_id
 from adapters.training import IGNORE, LoopConfig, TrainSeq, train_loop
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import render_text
 
 log = structlog.get_logger()
 
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True, slots=True)
-class LoraRecipe:
-    rank: int = 8
-    alpha: int = 16
-    dropout: float = 0.05
-    epochs: float = 3.0
-    learning_rate: float = 2e-4
-    weight_decay: float = 0.01
-    batch_size: int = 8
-    max_context_tokens: int = 512
-    seed: int = 0
-    target_modules: tuple[str, ...] = TARGET_MODULES
-    loss_on: str = "target"  # "target": r_n + end tag (paper); "conversation": every token; "decisions"
-    decision_weight: float = 1.0  # loss weight of the tokens that open a block or are the end tag
-    decision_windows: int = 0  # extra sequences per conversation that end at an earlier turn boundary
-    forgery_windows: int = 0  # extra sequences per conversation whose user message pastes a finished dialogue
-    max_message_tokens: int | None = None  # cap on each message's ids (the sidecar's scoring.max_message_tokens)
-
-
-LOSS_MODES = ("target", "conversation", "decisions")
-
+# The recipe moved to adapters.recipe (importable without torch); it is re-exported here.
+__all__ = ["LOSS_MODES", "LoraRecipe", "build_sequence", "build_window", "forged_conversation", "pick_cuts",
+           "train_lora", "turn_cuts"]
 
 def build_sequence(ids: list[int], starts: list[int], target_msg: int, end_id: int | None, *,
                    max_tokens: int, loss_on: str = "target", decision_weight: float = 1.0) -> TrainSeq:
@@ -222,8 +204,14 @@ def _optimizer_factory(recipe: LoraRecipe, use_cuda: bool) -> tuple[Any, str]:
 
 def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Path, recipe: LoraRecipe, *,
                with_end_tag: bool = True, max_per_dataset: int | None = None,
-               max_steps: int | None = None) -> dict[str, Any]:
-    """Train a LoRA adapter on ``model_dir`` and save it (peft format) into ``out_dir``."""
+               max_steps: int | None = None, init_adapter: Path | None = None,
+               min_steps: int = 0) -> dict[str, Any]:
+    """Train a LoRA adapter on ``model_dir`` and save it (peft format) into ``out_dir``.
+
+    ``init_adapter`` continues training an existing adapter (its rank, alpha and target modules
+    then replace the recipe's); ``min_steps`` raises the epochs so a small data set still gets that
+    many optimiser steps.
+    """
     use_cuda = torch.cuda.is_available()
     device = "cuda" if use_cuda else "cpu"
     torch.manual_seed(recipe.seed)
@@ -233,23 +221,21 @@ def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Pa
     if use_cuda:
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
-    with warnings.catch_warnings():
-        # peft reads transformers' deprecated ``is_gradient_checkpointing`` alias.
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        peft_model = get_peft_model(model, LoraConfig(
-            r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=recipe.dropout,
-            target_modules=list(recipe.target_modules), bias="none", task_type="CAUSAL_LM",
-        ))
+    peft_model, recipe = _peft_model(model, recipe, init_adapter)
     seqs, counts = load_sequences(data_dir, datasets, model_dir, recipe, with_end_tag=with_end_tag,
                                   max_per_dataset=max_per_dataset)
+    if not seqs:
+        raise DataError(f"no training sequences in {datasets} under the prepared data")
     log.info("adapters.lora.data", sequences=len(seqs), per_dataset=counts)
     make_opt, opt_name = _optimizer_factory(recipe, use_cuda)
     tok = load_tokenizer(model_dir)
-    cfg = LoopConfig(epochs=recipe.epochs, batch_size=recipe.batch_size, learning_rate=recipe.learning_rate,
+    epochs = max(recipe.epochs, min_steps / math.ceil(len(seqs) / recipe.batch_size))
+    cfg = LoopConfig(epochs=epochs, batch_size=recipe.batch_size, learning_rate=recipe.learning_rate,
                      weight_decay=recipe.weight_decay, warmup_fraction=0.03, seed=recipe.seed,
                      checkpoint_every_steps=25, max_steps=max_steps)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = train_loop(peft_model, seqs, cfg, special_id(tok, PAD), out_dir / "checkpoint.pt", make_optimizer=make_opt,
+    result = train_loop(peft_model, seqs, cfg, padding_id(tok, model_dir), out_dir / "checkpoint.pt",
+                        make_optimizer=make_opt,
                         device=device, autocast_dtype=torch.bfloat16 if use_cuda else None)
     peft_model.save_pretrained(str(out_dir), safe_serialization=True)
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)
@@ -261,11 +247,13 @@ def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Pa
         base_model={"name": model_dir.name, "manifest_created_utc": base_manifest.get("created_utc"),
                     "weights_sha256": _weights_hash(model_dir)},
         with_end_tag=with_end_tag,
+        init_adapter=_adapter_ref(init_adapter),
         data={"prepared_manifest_sha256": file_sha256(data_dir / "manifest.json"), "datasets": datasets,
               "conversations_per_dataset": counts},
         hyperparameters={"rank": recipe.rank, "alpha": recipe.alpha, "dropout": recipe.dropout,
                          "target_modules": list(recipe.target_modules), "epochs": recipe.epochs,
                          "learning_rate": recipe.learning_rate, "weight_decay": recipe.weight_decay,
+                         "epochs_run": round(epochs, 3), "min_steps": min_steps,
                          "batch_size": recipe.batch_size, "max_context_tokens": recipe.max_context_tokens,
                          "optimizer": opt_name, "seed": recipe.seed, "device": device,
                          "loss_on": recipe.loss_on, "decision_weight": recipe.decision_weight,
@@ -278,6 +266,30 @@ def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Pa
     )
     return {"sequences": len(seqs), "steps": result["steps"], "train_seconds": result["train_seconds"],
             "loss_first_10": first, "loss_last_10": last}
+
+
+def _peft_model(model: Any, recipe: LoraRecipe, init_adapter: Path | None) -> tuple[Any, LoraRecipe]:
+    """A fresh LoRA per the recipe, or ``init_adapter`` made trainable (its shape wins)."""
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated ``is_gradient_checkpointing`` alias.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        if init_adapter is None:
+            return get_peft_model(model, LoraConfig(
+                r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=recipe.dropout,
+                target_modules=list(recipe.target_modules), bias="none", task_type="CAUSAL_LM",
+            )), recipe
+        peft_model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
+    cfg: Any = peft_model.peft_config["default"]
+    shaped = replace(recipe, rank=int(cfg.r), alpha=int(cfg.lora_alpha), dropout=float(cfg.lora_dropout),
+                     target_modules=tuple(sorted(cfg.target_modules)))
+    return peft_model, shaped
+
+
+def _adapter_ref(adapter: Path | None) -> dict[str, Any] | None:
+    if adapter is None:
+        return None
+    weights = adapter / "adapter_model.safetensors"
+    return {"name": adapter.name, "weights_sha256": file_sha256(weights) if weights.exists() else None}
 
 
 def _weights_hash(model_dir: Path) -> str | None:

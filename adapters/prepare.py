@@ -1,4 +1,4 @@
-"""``adapters prepare``: shared datasets -> per-dataset train conversations and test examples."""
+"""``adapters prepare``: conversations (any source) -> per-data-set train conversations and test examples."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from adapters.data import (
     eval_examples,
     in_truncation_protocol,
     message_to_json,
-    read_conversations,
     split_of,
     stable_unit,
     target_start,
 )
-from adapters.manifest import file_sha256, write_manifest
+from adapters.errors import DataError
+from adapters.manifest import write_manifest
+from adapters.sources import FileSource, Source
 from adapters.tokenizer import END_TAG, SPECIAL_TOKENS
 from sidecar.transcript.render import render_text
 
@@ -45,16 +46,26 @@ def _sample(convs: list[Conversation], cap: int | None, salt: str) -> list[Conve
 
 
 def prepare_dataset(
-    path: Path, out_dir: Path, *, seed: int, max_train: int | None, max_test: int | None
+    source: Path | Source, out_dir: Path, *, seed: int, max_train: int | None, max_test: int | None
 ) -> dict[str, Any]:
-    """Split one dataset file, write ``train.jsonl`` (SFT conversations) and ``test.jsonl``."""
-    name = path.parent.name
+    """Split one data set, write ``train.jsonl`` (SFT conversations) and ``test.jsonl``.
+
+    ``source`` is a :class:`~adapters.sources.Source` or a JSONL file (named after its directory).
+    Raises :class:`~adapters.errors.DataError` when no conversation with a user message is left.
+    """
+    if isinstance(source, Path):
+        source = FileSource(source.parent.name, (source,), str(source))
+    name = source.name
     train: list[Conversation] = []
     test: list[Conversation] = []
-    for conv in tqdm(read_conversations(path), desc=f"read {name}", unit="conv", leave=False):
+    no_user = 0
+    for conv in tqdm(source.conversations(), desc=f"read {name}", unit="conv", leave=False):
         if not any(m.role == "user" for m in conv.messages):
+            no_user += 1
             continue
         (train if split_of(conv) == "train" else test).append(conv)
+    if not train and not test:
+        raise DataError(source.stats.explain(name, no_user))
     train_s = _sample(train, max_train, "train-sample")
     proto_pool = [c for c in test if in_truncation_protocol(c.real_complete, c.real_label_source)]
     test_s = _sample(proto_pool, max_test, "test-sample")
@@ -80,7 +91,7 @@ def prepare_dataset(
             rec = _example_json(c.conversation_id, name, c.messages, complete=bool(c.real_complete), kind="full",
                                 label_source=c.real_label_source or "", extra={})
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    return {"dataset": name, "source_sha256": file_sha256(path), "train_side": len(train),
+    return {"dataset": name, "source": source.describe(), "without_user_message": no_user, "train_side": len(train),
             "test_side": len(test), "train_used": len(train_s), "test_conversations_used": len(test_s),
             "test_examples": n_ex, "real_label_examples": len(real_s)}
 
@@ -101,16 +112,17 @@ def _example_json(cid: str, dataset: str, messages: Sequence[Any], *, complete: 
             "messages": [message_to_json(m) for m in messages]}
 
 
-def prepare(datasets_dir: Path, names: Sequence[str], out_dir: Path, *, seed: int,
+def prepare(sources: Sequence[Source], out_dir: Path, *, seed: int,
             max_train: int | None, max_test: int | None) -> dict[str, Any]:
-    """Prepare every named dataset under ``out_dir/<name>/`` and write the manifest."""
+    """Prepare every source under ``out_dir/<name>/`` and write the manifest."""
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise DataError(f"two sources share a name: {names}; name them with NAME=SPEC")
     stats = []
-    for name in names:
-        path = datasets_dir / name / "dev.jsonl.gz"
-        if not path.exists():
-            raise FileNotFoundError(f"no dataset file for {name!r}")
-        stats.append(prepare_dataset(path, out_dir / name, seed=seed, max_train=max_train, max_test=max_test))
-        log.info("adapters.prepare.dataset", **stats[-1])
+    for source in sources:
+        stats.append(prepare_dataset(source, out_dir / source.name, seed=seed, max_train=max_train,
+                                     max_test=max_test))
+        log.info("adapters.prepare.dataset", **{k: v for k, v in stats[-1].items() if k != "source"})
     write_manifest(out_dir, "prepared-data", seed=seed, max_train_per_dataset=max_train,
                    max_test_conversations_per_dataset=max_test, datasets=stats,
                    split="sha256(split_group) 50/50", truncation="k ~ U{1..n-1}, seeded by conversation id")

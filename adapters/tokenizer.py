@@ -90,6 +90,28 @@ def special_id(tok: Tokenizer, token: str) -> int:
     return int(tid)
 
 
+def padding_id(tok: Tokenizer, model_dir: Path) -> int:
+    """An id to pad batches with (never attended to, never in the loss).
+
+    ``<|pad|>`` when the tokenizer has it (the project's own models); else the pad or eos token of
+    ``tokenizer_config.json`` (a stock base such as Llama 3 has no pad token); else id 0.
+    """
+    if tok.token_to_id(PAD) is not None:
+        return special_id(tok, PAD)
+    try:
+        config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    for key in ("pad_token", "eos_token"):
+        value = config.get(key) if isinstance(config, dict) else None
+        if isinstance(value, dict):
+            value = value.get("content")
+        tid = tok.token_to_id(value) if isinstance(value, str) else None
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
 def encode_plain(tok: Tokenizer, text: str) -> list[int]:
     """Encode untrusted text: special-token strings inside it are ordinary bytes."""
     tok.encode_special_tokens = True

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from adapters.data import eval_examples, in_truncation_protocol, train_record_conversation
 from adapters.manifest import message_cap
 from adapters.metrics import binary_metrics
-from adapters.tokenizer import END_TAG, PAD, encode_messages, load_tokenizer, special_id
+from adapters.tokenizer import END_TAG, encode_messages, load_tokenizer, padding_id, special_id
 
 log = structlog.get_logger()
 
@@ -51,7 +51,11 @@ def load_model(base: Path, adapter: Path | None) -> Any:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    # On a GPU (a real base): bfloat16 on the device, as vLLM serves it there; on a CPU, float32.
+    cuda = torch.cuda.is_available()
+    model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16 if cuda else torch.float32)
+    if cuda:
+        model.to("cuda")
     if adapter is not None:
         with warnings.catch_warnings():
             # peft reads transformers' deprecated ``is_gradient_checkpointing`` alias.
@@ -75,9 +79,10 @@ def next_token_probs(model: Any, prompts: Sequence[list[int]], want: int, pad_id
         for i, prompt in enumerate(batch):
             ids[i, :len(prompt)] = torch.tensor(prompt)
             mask[i, :len(prompt)] = 1
-        logits = model(input_ids=ids, attention_mask=mask).logits
-        last = torch.tensor([len(p) - 1 for p in batch])
-        rows = logits[torch.arange(len(batch)), last].float()
+        device = next(model.parameters()).device
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        last = torch.tensor([len(p) - 1 for p in batch], device=device)
+        rows = logits[torch.arange(len(batch), device=device), last].float()
         dist = torch.softmax(rows, dim=-1)
         probs.extend(dist[:, want].tolist())
         greedy.extend(rows.argmax(dim=-1).tolist())
@@ -87,7 +92,7 @@ def next_token_probs(model: Any, prompts: Sequence[list[int]], want: int, pad_id
 def run_validate(data_dir: Path, datasets: Sequence[str], base: Path, adapter: Path | None, *,
                  skip: int, limit: int | None, max_context_tokens: int) -> dict[str, Any]:
     tok = load_tokenizer(base)
-    end_id, pad_id = special_id(tok, END_TAG), special_id(tok, PAD)
+    end_id, pad_id = special_id(tok, END_TAG), padding_id(tok, base)
     model = load_model(base, adapter)
     out: dict[str, Any] = {}
     for name in datasets:

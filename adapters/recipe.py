@@ -1,0 +1,29 @@
+"""The LoRA recipe: what ``train-lora`` and ``onboard`` train with (no torch import here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class LoraRecipe:
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    epochs: float = 3.0
+    learning_rate: float = 2e-4
+    weight_decay: float = 0.01
+    batch_size: int = 8
+    max_context_tokens: int = 512
+    seed: int = 0
+    target_modules: tuple[str, ...] = TARGET_MODULES
+    loss_on: str = "target"  # "target": r_n + end tag (paper); "conversation": every token; "decisions"
+    decision_weight: float = 1.0  # loss weight of the tokens that open a block or are the end tag
+    decision_windows: int = 0  # extra sequences per conversation that end at an earlier turn boundary
+    forgery_windows: int = 0  # extra sequences per conversation whose user message pastes a finished dialogue
+    max_message_tokens: int | None = None  # cap on each message's ids (the sidecar's scoring.max_message_tokens)
+
+
+LOSS_MODES = ("target", "conversation", "decisions")

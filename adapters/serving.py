@@ -1,0 +1,145 @@
+"""Hand an onboarded adapter to vLLM and route the agent to it in the sidecar's config.
+
+- **Serve**: ``POST /v1/load_lora_adapter`` on a running vLLM when it allows runtime LoRA updates
+  (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), then ``GET /v1/models`` to see it listed; where the
+  endpoint is absent, the restart command to run instead. The adapter's served name carries the
+  first 8 hex digits of its weights' hash, so a new onboarding never collides with the adapter an
+  agent is scored with now, and re-loading the same adapter is a no-op.
+- **Route**: ``routing.yaml``, the snippet for ``scoring.agents.<agent>`` (adapter, completion rule,
+  calibrated threshold, validation F1) and the prompt window the adapter was trained on; with
+  ``--config FILE`` that file is patched in place (kept as ``FILE.bak``) after the result validates
+  as a sidecar config. A sidecar picks the new routing up when it restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+import yaml
+
+from adapters.errors import ServeError
+
+log = structlog.get_logger()
+
+API_KEY_ENV = "VLLM_API_KEY"
+_DETAIL_CHARS = 300
+
+
+def _root(url: str) -> str:
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def restart_command(base: Path, served_name: str, adapter_path: Path, base_model_name: str, rank: int) -> str:
+    """The vLLM command line that serves the adapter from start-up (keep your other modules and flags)."""
+    return " ".join([
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True", "vllm", "serve", shlex.quote(str(base)),
+        "--served-model-name", base_model_name, "--enable-lora", "--max-lora-rank", str(max(8, rank)),
+        "--max-logprobs", "20", "--enable-prefix-caching",
+        "--lora-modules", shlex.quote(f"{served_name}={adapter_path}"),
+    ])
+
+
+def load_adapter(url: str, name: str, path: Path, *, timeout_seconds: float = 120.0) -> str:
+    """Load ``path`` as ``name`` into the vLLM at ``url``: ``loaded``, ``already_loaded`` or
+    ``runtime_loading_disabled``; raises :class:`ServeError` when the server refuses or is unreachable."""
+    headers = {"Authorization": f"Bearer {os.environ[API_KEY_ENV]}"} if os.environ.get(API_KEY_ENV) else {}
+    root = _root(url)
+    try:
+        with httpx.Client(timeout=timeout_seconds, headers=headers) as http:
+            resp = http.post(root + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+            if resp.status_code in (404, 405):
+                return "runtime_loading_disabled"
+            body = resp.text[:_DETAIL_CHARS]
+            if resp.status_code >= 400 and "already" not in body:
+                raise ServeError(f"vLLM at {root} refused the adapter: HTTP {resp.status_code} {body}")
+            status = "loaded" if resp.status_code < 400 else "already_loaded"
+            models = http.get(root + "/v1/models")
+            names = {m.get("id") for m in models.json().get("data", [])} if models.status_code == 200 else set()
+    except httpx.HTTPError as exc:
+        raise ServeError(f"cannot reach vLLM at {root}: {type(exc).__name__}") from exc
+    if name not in names:
+        raise ServeError(f"vLLM at {root} accepted {name!r} but does not list it in /v1/models")
+    log.info("adapters.serve.loaded", name=name, status=status)
+    return status
+
+
+def serve(*, vllm_url: str | None, name: str, adapter_dir: Path, served_path: Path | None, base: Path,
+          base_model_name: str, rank: int) -> dict[str, Any]:
+    """Load the adapter where possible; always return the restart command as the fallback."""
+    path = served_path or adapter_dir.resolve()
+    command = restart_command(base, name, path, base_model_name, rank)
+    out: dict[str, Any] = {"served_name": name, "adapter_path": str(path), "restart_command": command}
+    if vllm_url is None:
+        return {**out, "status": "not_requested"}
+    status = load_adapter(vllm_url, name, path)
+    return {**out, "status": status, "vllm_url": _root(vllm_url)}
+
+
+def routing(agent: str, name: str, validation: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
+    """The config keys that route ``agent`` to the adapter, with the prompt window it was trained on."""
+    agent_cfg: dict[str, Any] = {"adapter": name, "completion_rule": validation["rule"],
+                                 "validation_f1": validation["validation_f1"]}
+    if validation["rule"] == "threshold":
+        agent_cfg["p_end_threshold"] = float(f"{validation['p_end_threshold']:.6g}")
+    scoring: dict[str, Any] = {"max_prompt_tokens": recipe["max_context_tokens"], "prompt_truncation": "tail",
+                               "max_message_tokens": recipe["max_message_tokens"], "agents": {agent: agent_cfg}}
+    return {"scoring": scoring}
+
+
+_WINDOW_KEYS = ("max_prompt_tokens", "prompt_truncation", "max_message_tokens")
+
+
+def _merge(config: dict[str, Any], snippet: dict[str, Any]) -> dict[str, Any]:
+    scoring = dict(config.get("scoring") or {})
+    new = snippet["scoring"]
+    for key in _WINDOW_KEYS:
+        if key in scoring and scoring[key] != new[key]:
+            raise ServeError(
+                f"the config scores with scoring.{key}={scoring[key]!r} but the adapter was trained with "
+                f"{new[key]!r}: every adapter served to this sidecar must share one prompt window")
+        scoring[key] = new[key]
+    agents = dict(scoring.get("agents") or {})
+    for agent, values in new["agents"].items():
+        merged = {**dict(agents.get(agent) or {}), **values}
+        if merged.get("completion_rule") != "threshold":
+            merged.pop("p_end_threshold", None)
+        agents[agent] = merged
+    scoring["agents"] = agents
+    return {**config, "scoring": scoring}
+
+
+def write_routing(out: Path, snippet: dict[str, Any], config: Path | None) -> dict[str, Any]:
+    """Write ``routing.yaml``; patch ``config`` (validated, atomically, ``.bak`` kept) when given."""
+    header = "# scoring.agents routing written by `adapters onboard`; merge into the sidecar's config\n"
+    (out / "routing.yaml").write_text(header + yaml.safe_dump(snippet, sort_keys=False))
+    result: dict[str, Any] = {"snippet": str(out / "routing.yaml"), "patched": None}
+    if config is None:
+        return result
+    from sidecar.config import load_config
+    from sidecar.errors import ConfigError
+
+    original = config.read_text(encoding="utf-8") if config.exists() else ""
+    try:
+        current = yaml.safe_load(original) or {}
+    except yaml.YAMLError as exc:
+        raise ServeError(f"{config} is not valid YAML; nothing was changed") from exc
+    if not isinstance(current, dict):
+        raise ServeError(f"{config} does not hold a mapping; nothing was changed")
+    text = yaml.safe_dump(_merge(current, snippet), sort_keys=False)
+    with tempfile.NamedTemporaryFile("w", dir=config.parent, suffix=".yaml", delete=False) as tmp:
+        tmp.write(text)
+    try:
+        load_config(Path(tmp.name))
+    except ConfigError as exc:
+        Path(tmp.name).unlink()
+        raise ServeError(f"the patched config would not validate; {config} was not changed:\n{exc}") from exc
+    if original:
+        config.with_name(config.name + ".bak").write_text(original, encoding="utf-8")
+    Path(tmp.name).replace(config)
+    return {**result, "patched": str(config)}
