@@ -96,7 +96,9 @@ class Escalations:
         self._pending = 0
         self._observers = list(observers)
         for sink in self._sinks:
-            metrics.sink_up.labels(sink.name).set(1)
+            # Read at scrape time from the sink's own health (connection state included), so a sink
+            # that goes down while no alert is being sent shows at once.
+            metrics.sink_up.labels(sink.name).set_function(_up(sink))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -256,7 +258,6 @@ class Escalations:
     async def _deliver(self, sink: AlertSink, alert: Alert, ctx: TurnContext) -> None:
         def retrying(exc: BaseException, delay: float) -> None:
             self.metrics.retries.labels(sink.name).inc()
-            self.metrics.sink_up.labels(sink.name).set(0)
             log.warning("alert.delivery_retry", sink=sink.name, kind=alert.kind, error=_why(exc),
                         retry_in_seconds=round(delay, 2))
 
@@ -275,10 +276,19 @@ class Escalations:
             self.metrics.alerts.labels(alert.kind, sink.name, "rejected").inc()
             log.error("alert.rejected", sink=sink.name, kind=alert.kind, error=_why(exc))  # noqa: TRY400 - no traceback
             return
-        self.metrics.sink_up.labels(sink.name).set(1)
         self.metrics.alerts.labels(alert.kind, sink.name, "delivered").inc()
         if ctx.triggered_at_unix is not None:
             self.metrics.latency.labels(alert.kind, sink.name).observe(max(0.0, self._wall() - ctx.triggered_at_unix))
+
+
+def _up(sink: AlertSink) -> Callable[[], float]:
+    def value() -> float:
+        try:
+            return 1.0 if sink.health().ready else 0.0
+        except Exception:  # a sink's health must never break a scrape
+            return 0.0
+
+    return value
 
 
 def _stalled(ctx: TurnContext) -> bool:

@@ -51,7 +51,7 @@ class AlertMetrics:
         )
         self.sink_up = Gauge(
             "sidecar_alert_sink_up",
-            "1 while the sink's last delivery (or connection) succeeded.",
+            "1 while the sink reports itself ready (connected, last delivery accepted), read at scrape time.",
             ["sink"],
             registry=registry,
         )

@@ -207,3 +207,12 @@ def test_non_finite_details_become_null_in_the_payload() -> None:
     payload = a.payload()
     assert payload["details"] == {"max_logprob": None, "x": None}
     jsonschema.validate(payload, SCHEMA)
+
+
+async def test_sink_up_follows_the_sinks_own_health_at_scrape_time() -> None:
+    sink = RecordingSink("rec")
+    esc, registry = make(cfg(), sink)
+    assert registry.get_sample_value("sidecar_alert_sink_up", {"sink": "rec"}) == 1
+    sink.health = lambda: Health("rec", False, "connection refused")  # type: ignore[method-assign]
+    assert registry.get_sample_value("sidecar_alert_sink_up", {"sink": "rec"}) == 0
+    assert not esc.health().ready and "connection refused" in esc.health().detail
