@@ -133,17 +133,20 @@ async def test_isolated_exact_requests_give_one_request_per_verdict_and_harm_no_
     prompts = [builder.completion_adapter(m)[0] for m in _prefixes() + SHORT]
     try:
         alone = [(await client.generate(vllm_server.base_model, [p], max_tokens=1, top_logprobs=8))[0] for p in prompts]
-        results = await asyncio.gather(
-            *(scorer.score(vllm_server.adapter_model, p) for p in prompts),
-            *(client.generate(vllm_server.base_model, [p], max_tokens=1, top_logprobs=8) for p in prompts),
-        )
-        scores, others = results[: len(prompts)], results[len(prompts) :]
+        score_tasks = [asyncio.ensure_future(scorer.score(vllm_server.adapter_model, p)) for p in prompts]
+        other_tasks = [
+            asyncio.ensure_future(client.generate(vllm_server.base_model, [p], max_tokens=1, top_logprobs=8))
+            for p in prompts
+        ]
+        await asyncio.gather(*score_tasks, *other_tasks)
+        scores = [t.result() for t in score_tasks]
+        others = [t.result() for t in other_tasks]
         for p, score in zip(prompts, scores, strict=True):
             reference = (await client.prompt_token_logprobs(vllm_server.adapter_model, [*p, end_id]))[-1]
             assert reference is not None
             assert score.requests == 1 and score.p_end_method == "token_ids"
             assert score.logprob_end == pytest.approx(reference, abs=2e-3)
-        for solo, (mixed,) in zip(alone, others, strict=True):  # type: ignore[misc]
+        for solo, (mixed,) in zip(alone, others, strict=True):
             assert set(mixed.top_logprobs[0]) == set(solo.top_logprobs[0])
     finally:
         await client.stop()
