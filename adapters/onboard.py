@@ -333,7 +333,10 @@ def run_onboarding(spec: OnboardSpec) -> dict[str, Any]:
                    lambda: validate(spec, data, out / "trained"))
         exp = step("export", ("served_name", "base_model_name"),
                    lambda: export(spec, out / "trained", out / "adapter", val))
-        srv = step("serve", ("vllm_url", "served_path"),
+        # With a server named, loading is redone on every run (idempotent, and the server may have
+        # restarted since); without one, the restart command is all there is to give.
+        fields["serve_attempt"] = time.time() if spec.vllm_url else None
+        srv = step("serve", ("vllm_url", "served_path", "serve_attempt"),
                    lambda: serving.serve(vllm_url=spec.vllm_url, name=exp["served_name"], adapter_dir=out / "adapter",
                                          served_path=spec.served_path, base=spec.base,
                                          base_model_name=spec.base_model_name, rank=spec.recipe.rank))
