@@ -24,7 +24,7 @@ from sidecar.config import load_config
 from sidecar.demo.mock_cluster import MockKafkaCluster
 from sidecar.demo.replay import conversation_events, encode, interleave
 from tests.adapters.conftest import synthetic_conversation
-from tests.integration.kafka_support import produce_raw, read_topic, write_config
+from tests.integration.kafka_support import free_port, produce_raw, read_topic, write_config
 from tests.integration.test_kafka_source import Running
 from tests.support.vllm_server import VllmServer
 
@@ -45,6 +45,13 @@ def _events(start: int, n: int) -> list[list[dict[str, Any]]]:
     return convs
 
 
+async def _adapter_check(port: int) -> dict[str, Any]:
+    async with httpx.AsyncClient() as http:
+        body = (await http.get(f"http://127.0.0.1:{port}/readyz")).json()
+    check: dict[str, Any] = next(c for c in body["checks"] if c["name"] == "completion_adapters")
+    return check
+
+
 async def _ended(bs: str, topic: str, ids: set[str], limit_seconds: float = 300) -> list[dict[str, Any]]:
     deadline = asyncio.get_running_loop().time() + limit_seconds
     while True:
@@ -59,6 +66,7 @@ async def _ended(bs: str, topic: str, ids: set[str], limit_seconds: float = 300)
 async def test_an_unseen_agent_is_onboarded_from_its_own_stream(vllm_server: VllmServer, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     store = tmp_path / "store"
+    port = free_port()
     with MockKafkaCluster(1) as kafka:
         bs = kafka.bootstrap_servers
         path = write_config(
@@ -69,6 +77,7 @@ async def test_an_unseen_agent_is_onboarded_from_its_own_stream(vllm_server: Vll
                      "default_agent": {"completion_sample_rate": 0.0},  # final verdicts only: quicker
                      "tree": {"enabled": False}, "completion": {"max_remaining_tokens": 4}},
             training_store={"enabled": True, "directory": str(store), "agents": [AGENT]},
+            http={"port": port},
         )
         first = _events(0, FIRST)
         await produce_raw(bs, "onb", [encode(e) for e in interleave(first, concurrency=10, seed=1)])
@@ -76,7 +85,10 @@ async def test_an_unseen_agent_is_onboarded_from_its_own_stream(vllm_server: Vll
         await r.wait_for("sidecar_training_store_conversations_total", FIRST, limit_seconds=300,
                          agent=AGENT, result="written")
         before = await _ended(bs, "onb.results", {f"c{i}" for i in range(FIRST)})
+        untrusted = await _adapter_check(port)
         await r.close()
+        assert untrusted["ready"] and not untrusted["gates"]  # shown, never blocking
+        assert "no trustworthy adapter for (other agents): instruct" in untrusted["detail"]
         assert {v["outcome"]["scoring"]["completion_source"] for v in before} == {"instruct"}
         stored = "".join(p.read_text() for p in (store / AGENT).iterdir())
         assert EMAIL not in stored and "[EMAIL]" in stored  # redacted on arrival, before anything kept it
@@ -97,7 +109,9 @@ async def test_an_unseen_agent_is_onboarded_from_its_own_stream(vllm_server: Vll
         r = Running(load_config(path))  # the patched config: the agent now routes to its adapter
         after = await _ended(bs, "onb.results", {f"c{i}" for i in range(FIRST, FIRST + LATER)})
         trusted = r.metric("sidecar_completion_adapter_trusted", agent=AGENT)
+        check = await _adapter_check(port)
         await r.close()
+    assert f"trusted: {AGENT}" in check["detail"]
     assert len(after) == LATER
     for v in after:
         scoring = v["outcome"]["scoring"]
