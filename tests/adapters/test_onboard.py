@@ -170,3 +170,32 @@ def test_serving_without_runtime_loading_or_without_a_server(stub_server: str, t
     assert load_adapter(stub_server, "a-1", tmp_path) == "runtime_loading_disabled"
     with pytest.raises(ServeError, match="cannot reach vLLM"):
         load_adapter("http://127.0.0.1:9", "a-1", tmp_path, timeout_seconds=2)
+
+
+def test_general_conversations_are_mixed_in_by_ratio(tmp_path: Path) -> None:
+    from adapters.onboard import MIX_NAME, OnboardSpec, collect, split
+
+    source = _traffic(tmp_path / "traffic.jsonl", 40)
+    spec = OnboardSpec(agent="a", sources=(str(source),), out=tmp_path, mix=("demo-sample",), mix_ratio=0.5)
+    collect(spec, spec.sources, cap=spec.max_conversations, dest=tmp_path / "data" / "conversations.jsonl")
+    result = split(spec, tmp_path / "data")
+    assert (result["train"], result["holdback"], result["general"]) == (30, 10, 15)
+    assert result["datasets"] == ["a", MIX_NAME]
+    general = (tmp_path / "data" / "prepared" / MIX_NAME / "train.jsonl").read_text().splitlines()
+    assert len(general) == 15 and all("target_start" in json.loads(x) for x in general)
+    held = {json.loads(x)["conversation_id"] for x in (tmp_path / "data" / "holdback.jsonl").read_text().splitlines()}
+    trained = {json.loads(x)["conversation_id"]
+               for x in (tmp_path / "data" / "prepared" / "a" / "train.jsonl").read_text().splitlines()}
+    assert not held & trained and len(held | trained) == 40
+
+
+def test_collect_keeps_the_last_copy_of_a_repeated_conversation(tmp_path: Path) -> None:
+    from adapters.onboard import OnboardSpec, collect
+
+    first = _traffic(tmp_path / "a.jsonl", 5)
+    again = _traffic(tmp_path / "b.jsonl", 3)  # the same ids, as a training store writes after a crash
+    spec = OnboardSpec(agent="a", sources=(str(first), str(again)), out=tmp_path)
+    result = collect(spec, spec.sources, cap=4, dest=tmp_path / "c.jsonl")
+    assert (result["conversations"], result["duplicates_dropped"], result["dropped_over_cap"]) == (4, 3, 1)
+    ids = [json.loads(x)["conversation_id"] for x in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert ids == ["toy/4", "toy/0", "toy/1", "toy/2"]  # newest last; the re-sent ones moved to the end
