@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from sidecar.alerting.escalation import Escalations
 from sidecar.alerting.metrics import AlertMetrics
 from sidecar.config import SidecarConfig
-from sidecar.lifecycle import Component, HealthReporter
+from sidecar.lifecycle import Component, HealthReporter, stop_requested_early
 from sidecar.source.kafka import KafkaEventSource
 from sidecar.stage.pipeline import OutcomeSink, PostScoreStage
 from sidecar.state.hooks import CompositeHooks, ConversationHooks, RecordingHooks
@@ -185,6 +185,9 @@ def run_forever(config: SidecarConfig, hooks: ConversationHooks | None = None) -
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
+        if stop_requested_early():  # a stop asked for while the process was still starting
+            log.info("sidecar.stopped_before_start")
+            return
         await run_app(config, stop=stop, hooks=hooks)
 
     asyncio.run(main())

@@ -9,15 +9,19 @@ flight. The outcome records nothing but the message count, like :class:`Recordin
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import random
-from pathlib import Path
-from typing import Any
+from sidecar.lifecycle import catch_early_stop
 
-from sidecar.app import run_forever
-from sidecar.config import load_config
-from sidecar.state.hooks import Outcome, RecordingHooks, TurnContext
+catch_early_stop()  # as `python -m sidecar` does: a SIGTERM during start-up is a clean stop
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import random  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from sidecar.app import run_forever  # noqa: E402
+from sidecar.config import load_config  # noqa: E402
+from sidecar.state.hooks import Outcome, RecordingHooks, TurnContext  # noqa: E402
 
 
 class LateHooks(RecordingHooks):
