@@ -44,10 +44,10 @@ def _metrics(labels: list[bool], predicted: list[bool], p_end: list[float]) -> d
             "recall_complete": m["complete"]["recall"], "n": m["n"]}
 
 
-def score_test_side(base: Path, adapter: Path, data: Path, dataset: str, *, ctx: int,
-                    cap: int | None) -> tuple[list[bool], list[float], list[bool]]:
+def score_test_side(base: Path, adapter: Path, data: Path, dataset: str, *, ctx: int, cap: int | None,
+                    exclude: frozenset[str] = frozenset()) -> tuple[list[bool], list[float], list[bool]]:
     examples = [(e["conversation_id"], list(messages_from_json(e["messages"])), bool(e["complete"]))
-                for e in _lines(data / dataset / "test.jsonl")]
+                for e in _lines(data / dataset / "test.jsonl") if e["conversation_id"] not in exclude]
     scored = score_examples(base, adapter, examples, max_context_tokens=ctx, max_message_tokens=cap,
                             desc=f"test {dataset}")
     return [s.complete for s in scored], [s.p_end for s in scored], [s.greedy_end for s in scored]
@@ -60,7 +60,8 @@ def point(args: argparse.Namespace, dataset: str, n: int) -> dict[str, Any]:
     ctx, cap = recipe.max_context_tokens, recipe.max_message_tokens
     if n == 0:
         labels, p_end, greedy = score_test_side(args.base, loo, args.data, dataset, ctx=ctx, cap=cap)
-        return {"n": 0, "greedy": _metrics(labels, greedy, p_end), "threshold": None, "onboarding_seconds": 0.0}
+        return {"n": 0, "greedy": _metrics(labels, greedy, p_end), "threshold": None, "onboarding_seconds": 0.0,
+                **_elsewhere(args, loo, ctx, cap)}
     work = args.work / dataset / str(n)
     work.mkdir(parents=True, exist_ok=True)
     train = _lines(args.data / dataset / "train.jsonl")[:n]
@@ -68,7 +69,8 @@ def point(args: argparse.Namespace, dataset: str, n: int) -> dict[str, Any]:
         for rec in train:
             fh.write(json.dumps({"conversation_id": rec["conversation_id"], "turns": rec["messages"]}) + "\n")
     spec = OnboardSpec(agent=dataset, sources=(str(work / "input.jsonl"),), out=work / "onboard", base=args.base,
-                       init_adapter=loo, recipe=recipe, min_steps=args.min_steps, min_conversations=20)
+                       init_adapter=loo, recipe=recipe, min_steps=args.min_steps, min_conversations=20,
+                       mix=tuple(args.mix))
     t0 = time.monotonic()
     result = run_onboarding(spec)
     seconds = round(time.monotonic() - t0, 1)
@@ -83,8 +85,27 @@ def point(args: argparse.Namespace, dataset: str, n: int) -> dict[str, Any]:
         "validation_f1": result["validation_f1"], "onboarding_seconds": seconds,
         "step_seconds": {k: v["seconds"] for k, v in steps["timings"].items()},
         "train_steps": steps["train"]["steps"], "held_back": steps["split"]["holdback"],
-        "trained_on": steps["split"]["train"],
+        "trained_on": steps["split"]["train"], "general_mixed_in": steps["split"]["general"],
+        **_elsewhere(args, work / "onboard" / "trained", ctx, cap),
     }
+
+
+def _elsewhere(args: argparse.Namespace, adapter: Path, ctx: int, cap: int | None) -> dict[str, Any]:
+    """Greedy metrics on other data sets' test sides (forgetting). The demo sample's conversations, and
+    any other mix's, are left out, so runs with and without ``--mix demo-sample`` score the same examples."""
+    if not args.also_test:
+        return {}
+    from adapters.onboard import demo_sample
+    from adapters.sources import open_source
+
+    specs = {demo_sample(), *(demo_sample() if s == "demo-sample" else s for s in args.mix)}
+    mixed = frozenset(c.conversation_id for s in specs for c in open_source(s).conversations())
+    out = {}
+    for other in args.also_test:
+        labels, p_end, greedy = score_test_side(args.base, adapter, args.data, other, ctx=ctx, cap=cap,
+                                                exclude=mixed)
+        out[other] = _metrics(labels, greedy, p_end)
+    return {"elsewhere": out, "elsewhere_excluded_as_mixed": len(mixed)}
 
 
 def ceilings(report: Path) -> dict[str, float]:
@@ -131,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-steps", type=int, default=40)
     p.add_argument("--decision-windows", type=int, default=None, help="default: the adapter's own recipe")
     p.add_argument("--lr", type=float, default=None, help="default: the adapter's own recipe")
+    p.add_argument("--mix", action="append", default=[], help="general conversations mixed into onboarding")
+    p.add_argument("--also-test", type=lambda v: v.split(","), default=[],
+                   help="also score on these data sets' test sides (forgetting; demo-sample and mixed "
+                        "conversations left out)")
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ceilings", type=Path, default=Path(__file__).resolve().parent / "reports" / "report.json")

@@ -53,6 +53,20 @@ def verdicts(doc: dict[str, Any], datasets: list[str]) -> list[str]:
             "smallest N reaching 0.90 | target |", "|---|---|---|---|---|", *out]
 
 
+def elsewhere(doc: dict[str, Any]) -> list[str]:
+    """F1(c) greedy / ROC-AUC on other data sets' test sides, for points that measured them (forgetting)."""
+    pts = [(k, p) for k, p in doc["points"].items() if p.get("elsewhere")]
+    if not pts:
+        return []
+    others = sorted({d for _, p in pts for d in p["elsewhere"]})
+    lines = ["| point | general mixed in | " + " | ".join(f"{d} F1(c) / AUC" for d in others) + " |",
+             "|---|---|" + "---|" * len(others)]
+    for k, p in pts:
+        cells = [f"{_f(p['elsewhere'][d]['f1_complete'])} / {_f(p['elsewhere'][d]['roc_auc'])}" for d in others]
+        lines.append(f"| {k} | {p.get('general_mixed_in', 0)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def plot(doc: dict[str, Any], datasets: list[str], sizes: list[int], path: Path) -> None:
     fig, axes = plt.subplots(1, len(datasets), figsize=(3.3 * len(datasets), 3.2), sharey=True, squeeze=False)
     for ax, d in zip(axes[0], datasets, strict=True):
@@ -90,7 +104,7 @@ def write_curve_report(out: Path, doc: dict[str, Any], datasets: list[str], size
         *verdicts(doc, datasets), "",
         f"Onboarding wall time for N = {TARGET_N}: "
         + (", ".join(f"{w:.0f} s" for w in walls) if walls else "-") + " (target <= 300 s).", "",
-        *table(doc, datasets, sizes), "", "![learning curve](curve.png)", "",
+        *table(doc, datasets, sizes), "", *elsewhere(doc), "", "![learning curve](curve.png)", "",
     ]
     (out / "curve.md").write_text("\n".join(lines))
     plot(doc, datasets, sizes, out / "curve.png")
