@@ -82,7 +82,7 @@ async def test_exported_adapter_loads_and_serves_what_it_learned(vllm_server: An
     assert [float(np.log(v.p_end)) for v in served] == pytest.approx(expected, abs=2e-2)
     assert max(abs(np.log(a.p_end) - np.log(b.p_end)) for a, b in zip(served, base, strict=True)) > 0.1
     assert all(v.p_turn is not None and 0.0 <= v.p_turn <= 1.0 for v in served)
-    assert all(v.p_end_method in {"top_k", "forced", "prompt_logprobs"} for v in served)
+    assert all(v.p_end_method in {"top_k", "token_ids", "forced", "prompt_logprobs"} for v in served)
 
 
 def test_eval_prompts_are_the_training_windows(vllm_server: Any) -> None:
