@@ -119,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     tl.add_argument("--max-message-tokens", type=_positive_int, default=None,
                     help="cap each message at this many ids, head and tail (serve with the same "
                          "scoring.max_message_tokens)")
+    tl.add_argument("--window-stride", type=_non_negative_int, default=0,
+                    help="train on windows as prompt_truncation 'stride' cuts them (serve with the same "
+                         "scoring.prompt_stride_tokens); 0: full-length tail windows")
+    tl.add_argument("--init-adapter", type=Path, default=None,
+                    help="continue training this adapter (its rank, alpha and target modules win)")
     tl.add_argument("--seed", type=int, default=0)
 
     ex = sub.add_parser("export", help="write an adapter directory vLLM loads with --lora-modules")
@@ -218,10 +223,10 @@ def _run(args: argparse.Namespace) -> object:
                             batch_size=args.batch_size, max_context_tokens=args.max_context_tokens,
                             seed=args.seed, loss_on=args.loss_on, decision_weight=args.decision_weight,
                             decision_windows=args.decision_windows, forgery_windows=args.forgery_windows,
-                            max_message_tokens=args.max_message_tokens)
+                            max_message_tokens=args.max_message_tokens, window_stride=args.window_stride)
         result = train_lora(args.data, args.datasets, args.base, args.out, recipe,
                             with_end_tag=not args.no_end_tag, max_per_dataset=args.max_per_dataset,
-                            max_steps=args.max_steps)
+                            max_steps=args.max_steps, init_adapter=args.init_adapter)
     elif args.command == "export":
         from adapters.export import export_adapter
 

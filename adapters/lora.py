@@ -159,6 +159,24 @@ def _tail(seq: list[int], labels: list[int], decisions: Sequence[int], *, max_to
     return TrainSeq(seq[-max_tokens:], labels[-max_tokens:], weights[-max_tokens:])
 
 
+def stride_window(seq: TrainSeq, *, max_tokens: int, stride: int, key: str) -> TrainSeq:
+    """``seq`` as a stride window would show it: when it fills ``max_tokens``, its first 0 to
+    ``stride - 1`` ids (drawn with ``key``) are dropped.
+
+    The sidecar's ``prompt_truncation: stride`` starts a long conversation's window at a multiple of
+    the stride, so its length is anywhere in (max - stride, max] and its start is arbitrary in the
+    text. An adapter trained only on full-length windows takes the length as a cue (the bundled one
+    loses most of its F1 on windows 32 ids shorter: ``tests/bench/bench_window.py``).
+    """
+    if stride <= 0 or len(seq.input_ids) < max_tokens:
+        return seq
+    drop = random.Random(f"stride:{key}").randrange(stride)
+    if drop == 0:
+        return seq
+    weights = None if seq.weights is None else seq.weights[drop:]
+    return TrainSeq(seq.input_ids[drop:], seq.labels[drop:], weights)
+
+
 def pick_cuts(cuts: list[int], n: int, key: str) -> list[int]:
     """Up to ``n`` of ``cuts``, chosen by a generator seeded with ``key`` (deterministic)."""
     if n >= len(cuts):
@@ -189,6 +207,9 @@ def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe:
                             for cut in pick_cuts(turn_cuts(messages, starts), recipe.decision_windows, key))
                 seqs.extend(forgery_sequences(tok, messages, recipe, key))
                 counts[name] = counts.get(name, 0) + 1
+    if recipe.window_stride:
+        seqs = [stride_window(s, max_tokens=recipe.max_context_tokens, stride=recipe.window_stride, key=f"{i}")
+                for i, s in enumerate(seqs)]
     return seqs, counts
 
 
@@ -260,6 +281,7 @@ def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Pa
                          "decision_windows": recipe.decision_windows,
                          "forgery_windows": recipe.forgery_windows,
                          "max_message_tokens": recipe.max_message_tokens,
+                         "window_stride": recipe.window_stride,
                          "end_tag": with_end_tag},
         metrics={"steps": result["steps"], "train_seconds": result["train_seconds"],
                  "loss_first_10": first, "loss_last_10": last},

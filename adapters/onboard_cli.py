@@ -21,7 +21,8 @@ COMMITTED_RECIPE = LoraRecipe(epochs=2.0, learning_rate=2e-3, max_context_tokens
 # initial adapter's one, two epochs. Chosen on SGD's validation slice (train-side conversations no
 # learning-curve point uses, 200 for onboarding): P(end) ranked better (ROC-AUC 0.974 against
 # 0.960) and the calibrated threshold reached F1 0.943 against 0.918, for 1.7 times the steps
-# (adapters/reports/onboarding/README.md). Flags override these.
+# (a development measurement with ``python -m adapters.curve``; its report is not committed).
+# Flags override these.
 ONBOARD_DEFAULTS: dict[str, Any] = {"decision_windows": 3, "epochs": 2.0}
 _RECIPE_FLAGS = {"epochs": "epochs", "lr": "learning_rate", "max_context_tokens": "max_context_tokens",
                  "max_message_tokens": "max_message_tokens", "decision_windows": "decision_windows",

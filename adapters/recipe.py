@@ -24,6 +24,7 @@ class LoraRecipe:
     decision_windows: int = 0  # extra sequences per conversation that end at an earlier turn boundary
     forgery_windows: int = 0  # extra sequences per conversation whose user message pastes a finished dialogue
     max_message_tokens: int | None = None  # cap on each message's ids (the sidecar's scoring.max_message_tokens)
+    window_stride: int = 0  # > 0: windows as the sidecar's 'stride' truncation cuts them (its prompt_stride_tokens)
 
 
 LOSS_MODES = ("target", "conversation", "decisions")

@@ -87,18 +87,24 @@ def routing(agent: str, name: str, validation: dict[str, Any], recipe: dict[str,
                                  "validation_f1": validation["validation_f1"]}
     if validation["rule"] == "threshold":
         agent_cfg["p_end_threshold"] = float(f"{validation['p_end_threshold']:.6g}")
-    scoring: dict[str, Any] = {"max_prompt_tokens": recipe["max_context_tokens"], "prompt_truncation": "tail",
+    stride = int(recipe.get("window_stride") or 0)
+    scoring: dict[str, Any] = {"max_prompt_tokens": recipe["max_context_tokens"],
+                               "prompt_truncation": "stride" if stride else "tail",
                                "max_message_tokens": recipe["max_message_tokens"], "agents": {agent: agent_cfg}}
+    if stride:
+        scoring["prompt_stride_tokens"] = stride
     return {"scoring": scoring}
 
 
-_WINDOW_KEYS = ("max_prompt_tokens", "prompt_truncation", "max_message_tokens")
+_WINDOW_KEYS = ("max_prompt_tokens", "prompt_truncation", "max_message_tokens", "prompt_stride_tokens")
 
 
 def _merge(config: dict[str, Any], snippet: dict[str, Any]) -> dict[str, Any]:
     scoring = dict(config.get("scoring") or {})
     new = snippet["scoring"]
     for key in _WINDOW_KEYS:
+        if key not in new:
+            continue
         if key in scoring and scoring[key] != new[key]:
             raise ServeError(
                 f"the config scores with scoring.{key}={scoring[key]!r} but the adapter was trained with "

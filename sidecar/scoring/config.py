@@ -235,11 +235,19 @@ class ScoringConfig(BaseModel):
     max_logprobs: int = Field(
         20, ge=1, le=1000, description="The server's --max-logprobs (asking for more is a 400 from vLLM)."
     )
-    prompt_truncation: Literal["turns", "tail"] = Field(
+    prompt_truncation: Literal["turns", "tail", "stride"] = Field(
         "turns",
         description="Over max_prompt_tokens: drop whole turns from the front (keeping the preamble); with "
         "'tail', keep the last max_prompt_tokens ids of the whole rendering, no turn dropped, as the bundled "
-        "adapters are trained.",
+        "adapters are trained; with 'stride', the same window but starting at a multiple of "
+        "prompt_stride_tokens (between max_prompt_tokens - stride and max_prompt_tokens ids), so successive "
+        "turns share their prefix and the server's prefix cache keeps working past the window.",
+    )
+    prompt_stride_tokens: int = Field(
+        128,
+        ge=1,
+        description="With prompt_truncation 'stride': how far the window start moves at a time. Larger: less "
+        "prefill per turn (about max_prompt_tokens / stride times the new tokens), shorter windows at worst.",
     )
     max_prompt_tokens: int = Field(
         1900, ge=16, description="Longer prompts keep their head (system) and tail (recent turns)."
@@ -251,6 +259,12 @@ class ScoringConfig(BaseModel):
         "elision marker), so the last step's header always stays inside the prompt window. Must match what "
         "the adapter was trained with (its manifest's max_message_tokens); None: no cap.",
     )
+
+    @model_validator(mode="after")
+    def _stride_fits_the_window(self) -> ScoringConfig:
+        if self.prompt_truncation == "stride" and self.prompt_stride_tokens >= self.max_prompt_tokens:
+            raise ValueError("prompt_stride_tokens must be smaller than max_prompt_tokens")
+        return self
 
     @model_validator(mode="after")
     def _message_cap_fits_the_window(self) -> ScoringConfig:

@@ -79,6 +79,7 @@ class PromptBuilder:
         tree_use_chat_template: bool = True,
         tail_truncation: bool = False,
         max_message_tokens: int | None = None,
+        stride_tokens: int | None = None,
     ) -> None:
         self.tok = tokenizer
         self.end_tag = end_tag
@@ -88,8 +89,27 @@ class PromptBuilder:
         self.max_prompt_tokens = max_prompt_tokens
         self.paper_bos = paper_bos
         self.tail = tail_truncation
+        if stride_tokens is not None and not 0 < stride_tokens < max_prompt_tokens:
+            raise ValueError("stride_tokens must be between 1 and max_prompt_tokens - 1")
+        self.stride = stride_tokens if tail_truncation else None
         self.max_message_tokens = max_message_tokens
         self.forbidden = (*tokenizer.special_strings, end_tag)
+
+    def _window(self, messages: Sequence[Message], tail: Sequence[Segment] = ()) -> list[int]:
+        """The tail window of the whole rendering: the last ``max_prompt_tokens`` ids, or with a
+        stride, the ids from the last multiple of ``stride`` that leaves at most that many.
+
+        A stride window starts at the same absolute position for ``stride`` ids of growth, so the
+        prompts of successive turns share their prefix and the server's prefix cache keeps it;
+        the window is between ``max_prompt_tokens - stride`` and ``max_prompt_tokens`` ids long.
+        It needs the length of the whole rendering: every segment is encoded (as ``turns`` does).
+        """
+        if self.stride is None:
+            return self._paper(messages, tail, keep_last=self.max_prompt_tokens)
+        ids = self._paper(messages, tail)
+        over = len(ids) - self.max_prompt_tokens
+        start = 0 if over <= 0 else -(-over // self.stride) * self.stride
+        return ids[start:]
 
     def _paper(
         self, messages: Sequence[Message], tail: Sequence[Segment] = (), *, keep_last: int | None = None
@@ -116,7 +136,7 @@ class PromptBuilder:
         at a block header, a text the adapter never saw in training.
         """
         if self.tail:
-            return self._paper(messages, keep_last=self.max_prompt_tokens), 0
+            return self._window(messages), 0
         return fit(messages, self._paper, self.max_prompt_tokens)
 
     def completion_instruct(self, messages: Sequence[Message]) -> tuple[list[int], int]:
@@ -155,7 +175,7 @@ class PromptBuilder:
             return self._paper(msgs, paper_tail(msgs))
 
         if self.tail and not self.tree_chat:
-            return self._paper(messages, paper_tail(messages), keep_last=self.max_prompt_tokens), 0
+            return self._window(messages, paper_tail(messages)), 0
         return fit(messages, build, self.max_prompt_tokens)
 
 

@@ -145,6 +145,20 @@ def test_routing_refuses_a_config_with_another_prompt_window(tmp_path: Path) -> 
     assert (agent.adapter, agent.completion_rule, agent.p_end_threshold) == ("shop-2", "greedy", None)
 
 
+def test_routing_of_a_stride_trained_adapter_serves_stride_windows(tmp_path: Path) -> None:
+    from adapters.serving import routing
+
+    fresh = tmp_path / "new.yaml"
+    write_routing(tmp_path, routing("shop", "shop-1", VALIDATION, {**RECIPE, "window_stride": 64}), fresh)
+    scoring = load_config(fresh).scoring
+    assert (scoring.prompt_truncation, scoring.prompt_stride_tokens, scoring.max_prompt_tokens) == ("stride", 64, 256)
+    # A tail-trained adapter cannot join a sidecar that serves stride windows, nor the other way round.
+    with pytest.raises(ServeError, match="prompt_truncation='stride'"):
+        write_routing(tmp_path, routing("bank", "bank-1", VALIDATION, RECIPE), fresh)
+    with pytest.raises(ServeError, match="prompt_stride_tokens=64"):
+        write_routing(tmp_path, routing("bank", "bank-1", VALIDATION, {**RECIPE, "window_stride": 32}), fresh)
+
+
 class _NoRuntimeLoading(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.send_response(404)

@@ -14,7 +14,15 @@ from sklearn.metrics import roc_auc_score
 from adapters.base import BaseModelSpec, build_model, rescale_unseen_rows, windows
 from adapters.cli import build_parser, main
 from adapters.export import ExportError, export_adapter
-from adapters.lora import LoraRecipe, build_sequence, build_window, pick_cuts, train_lora, turn_cuts
+from adapters.lora import (
+    LoraRecipe,
+    build_sequence,
+    build_window,
+    pick_cuts,
+    stride_window,
+    train_lora,
+    turn_cuts,
+)
 from adapters.metrics import binary_metrics, roc_auc
 from adapters.tokenizer import BOS, END_TAG, EOS, PAD, encode_messages_with_offsets, save_tokenizer, special_id
 from adapters.training import IGNORE, LoopConfig, TrainSeq, collate, train_loop, weighted_lm_loss
@@ -66,6 +74,19 @@ def test_turn_cuts_are_the_prompts_of_truncated_copies(toy_tokenizer: Any, toy_r
         assert ids[:cut] == encode_messages(toy_tokenizer, prefix_through_turn(messages, k))
         assert toy_tokenizer.decode([ids[cut]]).startswith("TURN")
     assert turn_cuts(messages[:2], starts[:2]) == []
+
+
+def test_stride_windows_drop_up_to_stride_minus_one_ids_from_full_windows_only() -> None:
+    full = TrainSeq(list(range(100)), list(range(100)), [1.0] * 100)
+    lengths = {len(stride_window(full, max_tokens=100, stride=16, key=str(k)).input_ids) for k in range(300)}
+    assert min(lengths) == 85 and max(lengths) == 100 and len(lengths) == 16
+    cut = stride_window(full, max_tokens=100, stride=16, key="7")
+    n = len(cut.input_ids)
+    assert cut.input_ids == full.input_ids[-n:] and cut.labels == full.labels[-n:] and cut.weights == [1.0] * n
+    assert cut == stride_window(full, max_tokens=100, stride=16, key="7")  # deterministic
+    short = TrainSeq(list(range(40)), list(range(40)))
+    assert stride_window(short, max_tokens=100, stride=16, key="x") is short
+    assert stride_window(full, max_tokens=100, stride=0, key="x") is full
 
 
 def test_build_window_ends_with_the_continue_decision() -> None:

@@ -151,7 +151,7 @@ async def sidecar_run(bs: str, topic: str, n: int, tmp: Path, rate: float | None
     """Throughput (when the topic is pre-filled) or, with ``rate``, latency while producing live."""
     cfg_path = tmp / "bench.yaml"
     cfg_path.write_text(json.dumps({
-        "kafka": {"bootstrap_servers": bs, "topic": topic, "group_id": "bench-sidecar",
+        "kafka": {"bootstrap_servers": bs, "topic": topic, "group_id": f"bench-sidecar-{topic}",
                   "dead_letter_topic": f"{topic}.dlq", "results_topic": f"{topic}.results",
                   "fetch_max_records": 2000, "partition_queue_batches": 16, "max_pending_effects_per_partition": 4096},
         "http": {"host": "127.0.0.1", "port": 0},
@@ -228,16 +228,16 @@ async def main() -> None:
         bare_json = await bare_loop(bs, "bench", n, parse=True)
         honest = await honest_baseline(bs, "bench", n)
         side, _, _ = await sidecar_run(bs, "bench", n, Path(tmp))
+        print(f"(1) throughput: sidecar {side:,.0f} events/s = {1e6 / side:.1f} us per event (target <= 40); "
+              f"honest baseline (consume + decode + one batched outcome per hook) {honest:,.0f} events/s "
+              f"-> ratio {side / honest:.2f} (target >= 0.5); bare aiokafka loop {bare:,.0f} events/s -> ratio "
+              f"{side / bare:.2f}; bare loop that also json-parses each value {bare_json:,.0f} events/s -> ratio "
+              f"{side / bare_json:.2f}", flush=True)
         live = [json.loads(v) for _, v in real_events(args.latency_events)]
         for e in live:
             e["conversation_id"] = "live-" + e["conversation_id"]
             e["event_id"] = "live-" + e["event_id"]
         _, p50, p99 = await sidecar_run(bs, "live", len(live), Path(tmp), rate=args.latency_rate, events=live)
-    print(f"(1) throughput: sidecar {side:,.0f} events/s = {1e6 / side:.1f} us per event (target <= 40); "
-          f"honest baseline (consume + decode + one batched outcome per hook) {honest:,.0f} events/s "
-          f"-> ratio {side / honest:.2f} (target >= 0.5); bare aiokafka loop {bare:,.0f} events/s -> ratio "
-          f"{side / bare:.2f}; bare loop that also json-parses each value {bare_json:,.0f} events/s -> ratio "
-          f"{side / bare_json:.2f}")
     per_conv, text = memory_per_conversation(args.open_conversations)
     print(f"(2) memory: {per_conv:,.0f} bytes per open conversation beyond its text "
           f"({args.open_conversations:,} open, 4 messages each, {text:,.0f} bytes of text each) (target <= 2048)")

@@ -56,6 +56,9 @@ def test_config_file_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         ("- just\n- a list\n", "mapping at top level"),
         ("kafka: [unclosed\n", "not valid YAML"),
         ("kafka: !!python/object/apply:os.system ['echo pwned']\n", "not valid YAML"),
+        ("scoring:\n  prompt_truncation: stride\n  max_prompt_tokens: 256\n  prompt_stride_tokens: 256\n",
+         "prompt_stride_tokens must be smaller"),
+        ("scoring:\n  prompt_truncation: sliding\n", "scoring.prompt_truncation"),
     ],
 )
 def test_bad_config_gives_clear_error(tmp_path: Path, text: str, needle: str) -> None:

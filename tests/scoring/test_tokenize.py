@@ -244,3 +244,43 @@ def test_keep_last_is_the_tail_of_the_full_encoding(tok: SafeTokenizer, texts: l
     full = tok.encode_segments(segments, specials_in_markup=False)
     expected = full[-keep:] if keep else []
     assert tok.encode_segments(segments, specials_in_markup=False, keep_last=keep) == expected
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.tuples(st.sampled_from(["user", "assistant"]), st.text(min_size=1, max_size=60)), min_size=4,
+             max_size=20),
+    st.sampled_from([(64, 16), (64, 32), (48, 47), (40, 1)]),
+)
+def test_stride_windows_are_tails_that_start_at_a_stride_multiple(
+    builder: PromptBuilder, steps: list[tuple[str, str]], window: tuple[int, int]
+) -> None:
+    """Every stride window is the end of the whole rendering, starts at a multiple of the stride,
+    holds between max - stride (exclusive) and max ids, and turns whose window did not move extend
+    the previous turn's prompt (what keeps the prefix cache useful past the window)."""
+    size, stride = window
+    full = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=100_000,
+                         tree_use_chat_template=False)
+    strided = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=size,
+                            tail_truncation=True, stride_tokens=stride, tree_use_chat_template=False)
+    conv = [Message("user", "start")] + [Message(role, text) for role, text in steps]  # type: ignore[arg-type]
+    previous: tuple[int, list[int]] | None = None
+    for n in range(1, len(conv) + 1):
+        whole = full.completion_adapter(conv[:n])[0]
+        ids, dropped = strided.completion_adapter(conv[:n])
+        start = len(whole) - len(ids)
+        assert dropped == 0 and ids == whole[start:]
+        assert start % stride == 0
+        assert len(ids) <= size and (start == 0 or len(ids) > size - stride)
+        if previous is not None and previous[0] == start:
+            assert ids[: len(previous[1])] == previous[1]
+        previous = (start, ids)
+        tree_ids = strided.tree(conv[:n])[0]
+        tree_whole = full.tree(conv[:n])[0]
+        assert tree_ids == tree_whole[len(tree_whole) - len(tree_ids):] and len(tree_ids) <= size
+
+
+def test_stride_must_be_smaller_than_the_window(tok: SafeTokenizer) -> None:
+    with pytest.raises(ValueError, match="stride_tokens"):
+        PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=64, tail_truncation=True,
+                      stride_tokens=64)
