@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,15 +22,14 @@ ADAPTERS = ("completion", "completion-no-end-tag")
 
 
 
-def _shared_dir() -> Path:
-    env = os.environ.get("SIDECAR_SHARED_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared"
+SAMPLE = Path(__file__).resolve().parents[2] / "sidecar" / "demo" / "data" / "sample.jsonl.gz"
 
 
-def _held_out_sgd(n: int) -> list[Conversation]:
+def _held_out_multiwoz(n: int) -> list[Conversation]:
+    """Test-side MultiWOZ conversations of the bundled demo sample (the repo alone: no corpora)."""
     out = []
-    for conv in read_conversations(_shared_dir() / "datasets" / "sgd" / "dev.jsonl.gz"):
-        if split_of(conv) == "test":
+    for conv in read_conversations(SAMPLE):
+        if conv.dataset.startswith("multiwoz") and split_of(conv) == "test":
             out.append(conv)
             if len(out) == n:
                 break
@@ -67,7 +65,7 @@ def test_tokenizer_specials_are_single_tokens() -> None:
 @torch.no_grad()
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 def test_adapter_puts_the_end_tag_after_finished_conversations() -> None:
-    """On held-out SGD conversations: P(end) is high after the full ones, low after truncated copies."""
+    """On held-out MultiWOZ conversations: P(end) is high after the full ones, low after truncated copies."""
     tok = load_tokenizer(BASE)
     end_id = special_id(tok, END_TAG)
     base = AutoModelForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
@@ -84,7 +82,9 @@ def test_adapter_puts_the_end_tag_after_finished_conversations() -> None:
         return float(torch.softmax(logits[0, -1], dim=-1)[end_id])
 
     full, cut, base_full = [], [], []
-    for conv in _held_out_sgd(12):
+    convs = _held_out_multiwoz(12)
+    assert len(convs) == 12
+    for conv in convs:
         examples = eval_examples(conv, seed=0)
         full.append(p_end(examples[0].messages))
         base_full.append(p_end(examples[0].messages, adapter=False))
