@@ -85,8 +85,19 @@ class ProcessedLogprobsClient(TopOneClient):
 
 
 async def test_p_end_is_exact_with_and_without_the_end_tag_in_top_k(
-    client: VllmClient, tok: SafeTokenizer, builder: PromptBuilder, vllm_server: VllmServer
+    tok: SafeTokenizer, builder: PromptBuilder, vllm_server: VllmServer
 ) -> None:
+    # The top-k, forced and prompt_logprobs paths (exact_logprobs off); the one-request token_ids
+    # path is the isolated test's below. With auto, the self-test's verdict would pick the path.
+    client = VllmClient(VllmEndpointConfig(base_url=vllm_server.base_url, exact_logprobs="off"), CollectorRegistry())
+    try:
+        await _p_end_is_exact(client, tok, builder, vllm_server)
+    finally:
+        await client.stop()
+
+
+async def _p_end_is_exact(client: VllmClient, tok: SafeTokenizer, builder: PromptBuilder,
+                          vllm_server: VllmServer) -> None:
     end_id = tok.token_id(END_TAG)
     stops = sorted(tok.special_ids - {0, 3})
     scorer = CompletionScorer(client, end_ids=[end_id], stop_token_ids=stops, max_remaining_tokens=8,
