@@ -15,6 +15,7 @@ from pathlib import Path
 import structlog
 
 from adapters.errors import AdaptersError, DataError
+from sidecar.argtypes import non_negative_int, positive_int
 
 
 def _default_datasets_dir() -> Path:
@@ -43,20 +44,6 @@ def _prepared(data_dir: Path, names: list[str] | None) -> list[str]:
     return names
 
 
-def _positive_int(value: str) -> int:
-    n = int(value)
-    if n <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return n
-
-
-def _non_negative_int(value: str) -> int:
-    n = int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return n
-
-
 def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list of options
     p = argparse.ArgumentParser(prog="adapters", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -68,29 +55,29 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     pr.add_argument("--datasets", type=_datasets, default=None,
                     help="names, files, directories or NAME=SPEC sources (see adapters/README.md); "
                          "default: every data set under --datasets-dir")
-    pr.add_argument("--max-input-bytes", type=_positive_int, default=4 * 1024**3,
+    pr.add_argument("--max-input-bytes", type=positive_int, default=4 * 1024**3,
                     help="refuse a source that inflates to more than this")
     pr.add_argument("--out", type=Path, required=True)
     pr.add_argument("--seed", type=int, default=0)
-    pr.add_argument("--max-train", type=_positive_int, default=None, help="train conversations per dataset")
-    pr.add_argument("--max-test", type=_positive_int, default=None, help="test conversations per dataset")
+    pr.add_argument("--max-train", type=positive_int, default=None, help="train conversations per dataset")
+    pr.add_argument("--max-test", type=positive_int, default=None, help="test conversations per dataset")
 
     tb = sub.add_parser("train-base", help="train the tokenizer and a small Llama from scratch")
     tb.add_argument("--data", type=Path, required=True, help="output of prepare")
     tb.add_argument("--datasets", type=_datasets, default=None)
     tb.add_argument("--out", type=Path, required=True)
-    tb.add_argument("--vocab-size", type=_positive_int, default=4096)
-    tb.add_argument("--hidden-size", type=_positive_int, default=256)
-    tb.add_argument("--layers", type=_positive_int, default=4)
-    tb.add_argument("--heads", type=_positive_int, default=4)
-    tb.add_argument("--intermediate-size", type=_positive_int, default=688)
-    tb.add_argument("--max-positions", type=_positive_int, default=1024)
-    tb.add_argument("--window", type=_positive_int, default=512)
+    tb.add_argument("--vocab-size", type=positive_int, default=4096)
+    tb.add_argument("--hidden-size", type=positive_int, default=256)
+    tb.add_argument("--layers", type=positive_int, default=4)
+    tb.add_argument("--heads", type=positive_int, default=4)
+    tb.add_argument("--intermediate-size", type=positive_int, default=688)
+    tb.add_argument("--max-positions", type=positive_int, default=1024)
+    tb.add_argument("--window", type=positive_int, default=512)
     tb.add_argument("--epochs", type=float, default=1.0)
-    tb.add_argument("--batch-size", type=_positive_int, default=8)
+    tb.add_argument("--batch-size", type=positive_int, default=8)
     tb.add_argument("--lr", type=float, default=1e-3)
-    tb.add_argument("--max-tokens", type=_positive_int, default=None)
-    tb.add_argument("--max-steps", type=_positive_int, default=None)
+    tb.add_argument("--max-tokens", type=positive_int, default=None)
+    tb.add_argument("--max-steps", type=positive_int, default=None)
     tb.add_argument("--seed", type=int, default=0)
 
     tl = sub.add_parser("train-lora", help="LoRA SFT (paper recipe) on a base model")
@@ -99,27 +86,27 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     tl.add_argument("--base", type=Path, required=True)
     tl.add_argument("--out", type=Path, required=True)
     tl.add_argument("--no-end-tag", action="store_true", help="ablation: target r_n without the end tag")
-    tl.add_argument("--rank", type=_positive_int, default=8)
+    tl.add_argument("--rank", type=positive_int, default=8)
     tl.add_argument("--epochs", type=float, default=3.0)
     tl.add_argument("--lr", type=float, default=2e-4)
-    tl.add_argument("--batch-size", type=_positive_int, default=8)
-    tl.add_argument("--max-context-tokens", type=_positive_int, default=512)
-    tl.add_argument("--max-per-dataset", type=_positive_int, default=None)
-    tl.add_argument("--max-steps", type=_positive_int, default=None)
+    tl.add_argument("--batch-size", type=positive_int, default=8)
+    tl.add_argument("--max-context-tokens", type=positive_int, default=512)
+    tl.add_argument("--max-per-dataset", type=positive_int, default=None)
+    tl.add_argument("--max-steps", type=positive_int, default=None)
     tl.add_argument("--loss-on", choices=("target", "conversation", "decisions"), default="target",
                     help="target: r_n + end tag only (paper); conversation: every token of the tagged text;"
                          " decisions: only the ids after a finished message (next header or end tag)")
     tl.add_argument("--decision-weight", type=float, default=1.0,
                     help="loss weight of block-opening tokens and the end tag")
-    tl.add_argument("--decision-windows", type=_non_negative_int, default=0,
+    tl.add_argument("--decision-windows", type=non_negative_int, default=0,
                     help="extra sequences per conversation ending at an earlier turn boundary (c_k + next id)")
-    tl.add_argument("--forgery-windows", type=_non_negative_int, default=0,
+    tl.add_argument("--forgery-windows", type=non_negative_int, default=0,
                     help="extra 'continue' sequences per conversation whose user message pastes the rest of "
                          "the dialogue as text (fake structure must not read as a finished conversation)")
-    tl.add_argument("--max-message-tokens", type=_positive_int, default=None,
+    tl.add_argument("--max-message-tokens", type=positive_int, default=None,
                     help="cap each message at this many ids, head and tail (serve with the same "
                          "scoring.max_message_tokens)")
-    tl.add_argument("--window-stride", type=_non_negative_int, default=0,
+    tl.add_argument("--window-stride", type=non_negative_int, default=0,
                     help="train on windows as prompt_truncation 'stride' cuts them (serve with the same "
                          "scoring.prompt_stride_tokens); 0: full-length tail windows")
     tl.add_argument("--init-adapter", type=Path, default=None,
@@ -130,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     ex.add_argument("--adapter", type=Path, required=True)
     ex.add_argument("--out", type=Path, required=True)
     ex.add_argument("--base-name", default="base")
-    ex.add_argument("--max-lora-rank", type=_positive_int, default=8)
+    ex.add_argument("--max-lora-rank", type=positive_int, default=8)
 
     ev = sub.add_parser("eval", help="Table-2 evaluation through a real vLLM server")
     ev.add_argument("--data", type=Path, required=True)
@@ -139,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     ev.add_argument("--adapter", type=Path, required=True)
     ev.add_argument("--adapter-no-end-tag", type=Path, default=None)
     ev.add_argument("--out", type=Path, required=True)
-    ev.add_argument("--max-context-tokens", type=_positive_int, default=512)
-    ev.add_argument("--max-examples", type=_positive_int, default=None, help="per dataset and label set")
+    ev.add_argument("--max-context-tokens", type=positive_int, default=512)
+    ev.add_argument("--max-examples", type=positive_int, default=None, help="per dataset and label set")
     ev.add_argument("--port", type=int, default=0)
     ev.add_argument("--command-line", default=None, help="recorded in the report")
 
@@ -149,10 +136,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     va.add_argument("--datasets", type=_datasets, default=None)
     va.add_argument("--base", type=Path, required=True)
     va.add_argument("--adapter", type=Path, default=None, help="peft adapter dir; none = the base alone")
-    va.add_argument("--skip", type=_non_negative_int, required=True,
+    va.add_argument("--skip", type=non_negative_int, required=True,
                     help="train conversations per dataset to skip: at least train-lora's --max-per-dataset")
-    va.add_argument("--max-conversations", type=_positive_int, default=None, help="per dataset")
-    va.add_argument("--max-context-tokens", type=_positive_int, default=512)
+    va.add_argument("--max-conversations", type=positive_int, default=None, help="per dataset")
+    va.add_argument("--max-context-tokens", type=positive_int, default=512)
 
     from adapters.onboard_cli import add_parser as add_onboard
 

@@ -13,6 +13,7 @@ from adapters.manifest import read_manifest
 from adapters.onboard import ARTIFACTS, OnboardSpec
 from adapters.recipe import LoraRecipe
 from adapters.sources import check_name
+from sidecar.argtypes import positive_int
 
 # The committed adapter's recipe (adapters/README.md), for a fresh adapter on a given base.
 COMMITTED_RECIPE = LoraRecipe(epochs=2.0, learning_rate=2e-3, max_context_tokens=256, loss_on="conversation",
@@ -51,13 +52,6 @@ def _unit(value: str) -> float:
     return x
 
 
-def _count(value: str) -> int:
-    n = int(value)
-    if n <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return n
-
-
 def _ratio(value: str) -> float:
     x = float(value)
     if x < 0:
@@ -76,9 +70,9 @@ def add_parser(sub: Any) -> None:
     on.add_argument("--init-adapter", default=None,
                     help="adapter to continue, or 'none' for a fresh one (default: the bundled adapter when "
                          "--base is not given, else none)")
-    for flag, typ in (("epochs", float), ("lr", float), ("max-context-tokens", _count),
-                      ("max-message-tokens", _count), ("decision-windows", int), ("forgery-windows", int),
-                      ("batch-size", _count), ("rank", _count)):
+    for flag, typ in (("epochs", float), ("lr", float), ("max-context-tokens", positive_int),
+                      ("max-message-tokens", positive_int), ("decision-windows", int), ("forgery-windows", int),
+                      ("batch-size", positive_int), ("rank", positive_int)):
         default = ONBOARD_DEFAULTS.get(_RECIPE_FLAGS[flag.replace("-", "_")], "the initial adapter's own recipe")
         on.add_argument(f"--{flag}", type=typ, default=None, help=f"default: {default}")
     on.add_argument("--loss-on", choices=("target", "conversation", "decisions"), default=None,
@@ -89,10 +83,10 @@ def add_parser(sub: Any) -> None:
                     help="general conversations mixed into training against forgetting ('demo-sample': the "
                          "demo's bundled conversations)")
     on.add_argument("--mix-ratio", type=_ratio, default=1.0, help="general conversations per agent conversation")
-    on.add_argument("--max-conversations", type=_count, default=5000, help="keep the most recent N")
-    on.add_argument("--min-conversations", type=_count, default=20)
+    on.add_argument("--max-conversations", type=positive_int, default=5000, help="keep the most recent N")
+    on.add_argument("--min-conversations", type=positive_int, default=20)
     on.add_argument("--holdback-fraction", type=_fraction, default=0.2)
-    on.add_argument("--min-holdback", type=_count, default=10)
+    on.add_argument("--min-holdback", type=positive_int, default=10)
     on.add_argument("--objective", choices=OBJECTIVES, default="balanced_accuracy",
                     help="what the P(end) threshold maximises on the held-back slice")
     on.add_argument("--rule", choices=("auto", "greedy", "threshold"), default="auto")
@@ -104,9 +98,9 @@ def add_parser(sub: Any) -> None:
     on.add_argument("--served-path", type=Path, default=None, help="the adapter dir as the vLLM server sees it")
     on.add_argument("--config", type=Path, default=None, help="sidecar YAML to patch with the routing")
     on.add_argument("--sidecar-config", type=Path, default=None, help="Kafka settings for a kafka: source")
-    on.add_argument("--max-input-bytes", type=_count, default=4 * 1024**3)
+    on.add_argument("--max-input-bytes", type=positive_int, default=4 * 1024**3)
     on.add_argument("--seed", type=int, default=0)
-    on.add_argument("--threads", type=_count, default=None,
+    on.add_argument("--threads", type=positive_int, default=None,
                     help="CPU threads for training and validation (default: torch's, one per core); on a CPU "
                          "shared with other jobs 1 is often several times faster")
 

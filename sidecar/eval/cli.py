@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sidecar.argtypes import positive_int
 from sidecar.errors import ConfigError
 from sidecar.eval.dataset import EvalConversation, read_dataset
 
@@ -31,16 +32,6 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILURE = 0, 1
 DEFAULT_MAX_INPUT_BYTES = 512 * 1024 * 1024
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def add_eval_parser(subparsers: Any) -> None:
@@ -66,10 +57,10 @@ def add_eval_parser(subparsers: Any) -> None:
                    help="trees at the last user message (the paper) or at every one")
     p.add_argument("--goals", choices=["config", "llm", "extractive", "off"], default="config",
                    help="goal clustering mode (default: clustering.mode of the config)")
-    p.add_argument("--limit", type=_positive_int, default=None, help="the first N valid conversations only")
-    p.add_argument("--concurrency", type=_positive_int, default=4, help="conversations scored at once")
+    p.add_argument("--limit", type=positive_int, default=None, help="the first N valid conversations only")
+    p.add_argument("--concurrency", type=positive_int, default=4, help="conversations scored at once")
     p.add_argument("--seed", type=int, default=0, help="seed of the truncation protocol's k")
-    p.add_argument("--max-input-bytes", type=_positive_int, default=DEFAULT_MAX_INPUT_BYTES,
+    p.add_argument("--max-input-bytes", type=positive_int, default=DEFAULT_MAX_INPUT_BYTES,
                    help="refuse inputs larger than this, on disk or decompressed")
     p.add_argument("--judge", action="store_true",
                    help="also run the two-dimensional LLM judge (judge.llm of the config) for a comparison row")

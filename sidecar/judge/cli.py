@@ -22,6 +22,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from sidecar.argtypes import positive_int
 from sidecar.errors import ConfigError
 from sidecar.judge.config import JudgeConfig
 from sidecar.judge.dataset import JudgeExample, ReadStats, check_input, read_examples
@@ -43,16 +44,6 @@ MAX_DESCRIPTION_FILE_BYTES = 64 * 1024
 MAX_REPORT_FILE_BYTES = 16 * 1024 * 1024
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def add_judge_parser(subparsers: Any) -> None:
     """Register the ``judge`` subcommand on the root parser's subparsers."""
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -66,22 +57,22 @@ def add_judge_parser(subparsers: Any) -> None:
     p.add_argument("--base-url", default=None, help="override judge.llm.base_url (OpenAI-compatible root, /v1)")
     p.add_argument("--model", default=None, help="override judge.llm.model")
     p.add_argument("--api-key-env", default=None, metavar="VAR", help="read the endpoint's API key from this env var")
-    p.add_argument("--max-tokens", type=_positive_int, default=None, help="override judge.llm.max_tokens")
+    p.add_argument("--max-tokens", type=positive_int, default=None, help="override judge.llm.max_tokens")
     p.add_argument("--structured-output", choices=["json_schema", "vllm_structured_outputs", "none"], default=None,
                    help="override judge.llm.structured_output")
-    p.add_argument("--concurrency", type=_positive_int, default=None, help="override judge.llm.max_concurrency")
-    p.add_argument("--max-attempts", type=_positive_int, default=None, help="override judge.llm.max_attempts")
-    p.add_argument("--max-transcript-chars", type=_positive_int, default=None,
+    p.add_argument("--concurrency", type=positive_int, default=None, help="override judge.llm.max_concurrency")
+    p.add_argument("--max-attempts", type=positive_int, default=None, help="override judge.llm.max_attempts")
+    p.add_argument("--max-transcript-chars", type=positive_int, default=None,
                    help="override judge.max_transcript_chars (the middle of longer conversations is left out)")
-    p.add_argument("--max-message-chars", type=_positive_int, default=None, help="override judge.max_message_chars")
+    p.add_argument("--max-message-chars", type=positive_int, default=None, help="override judge.max_message_chars")
     p.add_argument("--agent-description-file", type=Path, default=None, help="what the agent can do (judge prompts)")
-    p.add_argument("--limit", type=_positive_int, default=None, help="judge at most N examples in all")
+    p.add_argument("--limit", type=positive_int, default=None, help="judge at most N examples in all")
     p.add_argument("--protocol", choices=["none", "truncation"], default="none",
                    help="truncation: each conversation (complete) and a copy cut at a seeded turn (incomplete)")
     p.add_argument("--label-field", default=None, metavar="DOTTED",
                    help="known completion label of each record, e.g. meta.success (protocol none)")
     p.add_argument("--seed", type=int, default=0, help="seed of the truncation protocol")
-    p.add_argument("--max-file-bytes", type=_positive_int, default=DEFAULT_MAX_FILE_BYTES,
+    p.add_argument("--max-file-bytes", type=positive_int, default=DEFAULT_MAX_FILE_BYTES,
                    help="refuse input files larger than this")
     p.add_argument("--no-text", action="store_true", help="leave explanations and items out of --output")
     p.add_argument("--output", type=Path, default=None, help="write one JSON line per judged example here")

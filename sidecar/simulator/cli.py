@@ -24,6 +24,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 
+from sidecar.argtypes import whole_number
 from sidecar.errors import ConfigError
 from sidecar.judge.chat import OpenAIChatClient
 from sidecar.judge.config import ChatEndpointConfig
@@ -40,19 +41,6 @@ from sidecar.telemetry.logging import configure_logging
 EXIT_OK, EXIT_FAILURE = 0, 1
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_PROMPT_FILE_BYTES = 128 * 1024
-
-
-def _int_in(low: int, high: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
-        return value
-
-    return parse
 
 
 def _rate(text: str) -> float:
@@ -95,23 +83,23 @@ def add_simulate_parser(subparsers: Any) -> None:
     )
     p.add_argument("--goals", type=Path, required=True, metavar="FILE",
                    help="goal spec JSONL(.gz): {goal, goal_id?, domain?} or dataset records with a goal field")
-    p.add_argument("--limit", type=_int_in(1, 10_000_000), default=None, help="simulate at most N goals")
-    p.add_argument("--max-file-bytes", type=_int_in(1, 2**40), default=DEFAULT_MAX_FILE_BYTES,
+    p.add_argument("--limit", type=whole_number(1, 10_000_000), default=None, help="simulate at most N goals")
+    p.add_argument("--max-file-bytes", type=whole_number(1, 2**40), default=DEFAULT_MAX_FILE_BYTES,
                    help="refuse goal files larger than this")
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("--out", type=Path, default=None, metavar="FILE", help="write the events as JSON lines here")
     out.add_argument("--kafka", default=None, metavar="BOOTSTRAP", help="produce the events to Kafka (host:port,...)")
     p.add_argument("--topic", default="agent.conversations", help="Kafka topic (with --kafka)")
     p.add_argument("--rate", type=_rate, default=None, help="events per second at most (default: unpaced)")
-    p.add_argument("--concurrency", type=_int_in(1, 1000), default=4, help="conversations simulated at once")
-    p.add_argument("--max-turns", type=_int_in(1, 500), default=20, help="turn limit (user messages)")
-    p.add_argument("--max-user-words", type=_int_in(1, 1000), default=30, help="the user agent's answer length")
+    p.add_argument("--concurrency", type=whole_number(1, 1000), default=4, help="conversations simulated at once")
+    p.add_argument("--max-turns", type=whole_number(1, 500), default=20, help="turn limit (user messages)")
+    p.add_argument("--max-user-words", type=whole_number(1, 1000), default=30, help="the user agent's answer length")
     p.add_argument("--first-speaker", choices=["assistant", "user"], default="assistant")
     for role in ("user", "assistant"):
         p.add_argument(f"--{role}-url", default=None, help=f"the {role}'s OpenAI-compatible API root (/v1)")
         p.add_argument(f"--{role}-model", default=None, help=f"the {role}'s model name")
         p.add_argument(f"--{role}-api-key-env", default=None, metavar="VAR", help="read its API key from this env var")
-        p.add_argument(f"--{role}-max-tokens", type=_int_in(8, 16384), default=None, help="cap per answer")
+        p.add_argument(f"--{role}-max-tokens", type=whole_number(8, 16384), default=None, help="cap per answer")
         p.add_argument(f"--{role}-temperature", type=_temperature, default=None, help="sampling temperature")
     p.add_argument("--assistant-system-prompt-file", type=Path, default=None,
                    help="system prompt for the assistant (replaces the built-in one)")
