@@ -61,9 +61,12 @@ class _EventIn(Struct, frozen=True):
 _DECODER = msgspec.json.Decoder(_EventIn)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Event:
-    """A valid event. ``message`` is set iff ``type == "message"``."""
+    """A valid event. ``message`` is set iff ``type == "message"``.
+
+    Not frozen (one per record; a frozen ``__init__`` costs about 1 us more): treat it as read-only.
+    """
 
     conversation_id: str
     event_id: str
@@ -119,7 +122,7 @@ def _reason_for(message: str) -> str:
 
 
 def _to_message(m: _MessageIn) -> Message:
-    calls = tuple(ToolCall(c.name, _canonical_arguments(c.arguments)) for c in m.tool_calls)
+    calls = tuple(ToolCall(c.name, _canonical_arguments(c.arguments)) for c in m.tool_calls) if m.tool_calls else ()
     return Message(role=m.role, content=m.content, name=m.name, tool_calls=calls)
 
 

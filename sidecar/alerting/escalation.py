@@ -143,6 +143,8 @@ class Escalations:
     def decide(self, effect: Effect) -> list[Alert]:
         """The alerts an effect calls for under the agent's policy (judging updates the window)."""
         ctx = effect.ctx
+        if not effect.events and ctx.kind != "conversation_ended":
+            return []  # nothing scored: only an ending can call for an alert (stalled)
         policy = self._cfg.policy_for(ctx.agent)
         label = self._label(ctx.agent)
         out: list[Alert] = []

@@ -83,6 +83,7 @@ class PartitionProcessor:
         for cid, first_offset in recovery.finished:
             self.state.remember_finished(cid, first_offset)
         self._hooks = hooks
+        self._hook_fns: dict[str, Callable[[TurnContext], HookResult]] = {}
         self._stage = stage or PostScoreStage()
         self._results = results
         self._dlq = dead_letters
@@ -205,7 +206,7 @@ class PartitionProcessor:
         m = self._m
         if kind == "conversation_ended" and t.end_reason is not None:
             m.ended(t.end_reason).inc()
-        if replay or t.key in self._keys:
+        if replay or (self._keys and t.key in self._keys):
             m.suppressed(kind).inc()
             return
         conv = t.conversation
@@ -220,7 +221,9 @@ class PartitionProcessor:
             end_reason=t.end_reason,
             triggered_at_unix=wall,
         )
-        hook: Callable[[TurnContext], HookResult] = getattr(self._hooks, f"on_{kind}")
+        hook = self._hook_fns.get(kind)
+        if hook is None:
+            hook = self._hook_fns[kind] = getattr(self._hooks, f"on_{kind}")
         try:
             result = hook(ctx)
         except Exception as exc:  # a hook that fails before returning: record the failure

@@ -103,7 +103,7 @@ def events_of(outcome: Mapping[str, Any]) -> tuple[OutcomeEvent, ...]:
     return outcome.events if isinstance(outcome, Scored) else ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Effect:
     """One hook call's result on its way out: the context, the typed events, the JSON outcome."""
 
@@ -113,4 +113,7 @@ class Effect:
 
     def first(self, kind: type[Any]) -> Any:
         """The first event of type ``kind``, or None."""
-        return next((e for e in self.events if isinstance(e, kind)), None)
+        for e in self.events:
+            if isinstance(e, kind):
+                return e
+        return None

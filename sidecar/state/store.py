@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sidecar.events import Event
@@ -50,9 +49,12 @@ class Rejected(Exception):
         self.detail = detail
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Trigger:
-    """A hook call the state machine asks for. ``conversation`` is the live object."""
+    """A hook call the state machine asks for. ``conversation`` is the live object.
+
+    Not frozen: one is made per hook call, and a frozen dataclass's ``__init__`` costs about 1 us
+    more; nothing keeps or hashes a trigger."""
 
     kind: HookKind
     conversation: Conversation
@@ -277,9 +279,11 @@ class PartitionState:
             if self._finished.pop(old, None) is not None:
                 self._add_bytes(-(FINISHED_ENTRY_OVERHEAD_BYTES + id_bytes(old)))
 
-    def _enforce_caps(self, protect: str | None) -> Iterator[Trigger]:
+    def _enforce_caps(self, protect: str | None) -> list[Trigger]:
+        """Evict least recently active conversations while over a cap (a list: called per event)."""
         cfg = self._cfg
         budget = self._budget
+        out: list[Trigger] = []
         while self._lru and (
             len(self.conversations) > cfg.max_conversations_per_partition
             or (budget.over and self.mem_bytes > budget.share_bytes)
@@ -291,4 +295,5 @@ class PartitionState:
                 self._lru.move_to_end(cid)
                 continue
             self.evicted += 1
-            yield from self._finish(self.conversations[cid], "evicted")
+            out.extend(self._finish(self.conversations[cid], "evicted"))
+        return out

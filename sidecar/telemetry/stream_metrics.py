@@ -1,10 +1,16 @@
-"""Metrics of the streaming core (source, state, processor). Names follow the README's spec."""
+"""Metrics of the streaming core (source, state, processor). Names follow the README's spec.
+
+The ones updated once or more per record use the lock-free families of :mod:`sidecar.telemetry.hot`
+(the processor runs on the event-loop thread); the rest are prometheus_client's own.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from sidecar.telemetry.hot import CounterChild, HistogramChild, HotCounter, HotHistogram
 
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -15,11 +21,11 @@ class StreamMetrics:
     """Everything the Kafka source and the partition processors export."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.events_consumed = Counter(
+        self.events_consumed = HotCounter(
             "sidecar_events_consumed_total", "Kafka records taken from the source topic.",
             registry=registry,
         )
-        self.events_replayed = Counter(
+        self.events_replayed = HotCounter(
             "sidecar_events_replayed_total",
             "Records re-read after a restart or rebalance to rebuild state (no hooks fired).",
             registry=registry,
@@ -61,19 +67,19 @@ class StreamMetrics:
             "Results-topic records ignored during recovery, by reason (invalid, unsigned, bad_signature).",
             ["reason"], registry=registry,
         )
-        self.processing_seconds = Histogram(
+        self.processing_seconds = HotHistogram(
             "sidecar_event_processing_seconds",
             "From a record's fetch to the end of its processing (decode, state, hook dispatch).",
             buckets=LATENCY_BUCKETS, registry=registry,
         )
-        self.hook_dispatch_seconds = Histogram(
+        self.hook_dispatch_seconds = HotHistogram(
             "sidecar_hook_dispatch_seconds", "From a record's fetch to the hook it triggers being called.",
             ["kind"], buckets=LATENCY_BUCKETS, registry=registry,
         )
-        self.hooks_fired = Counter(
+        self.hooks_fired = HotCounter(
             "sidecar_hooks_fired_total", "Hook calls dispatched, by kind.", ["kind"], registry=registry,
         )
-        self.hooks_suppressed = Counter(
+        self.hooks_suppressed = HotCounter(
             "sidecar_hooks_suppressed_total",
             "Hook calls skipped because their outcome was already recorded before a restart.",
             ["kind"], registry=registry,
@@ -142,9 +148,9 @@ class StreamMetricsCache:
 
     def __init__(self, metrics: StreamMetrics) -> None:
         self._m = metrics
-        self.consumed = metrics.events_consumed
-        self.replayed = metrics.events_replayed
-        self.processing = metrics.processing_seconds
+        self.consumed = metrics.events_consumed.labels()
+        self.replayed = metrics.events_replayed.labels()
+        self.processing = metrics.processing_seconds.labels()
         self.hook_errors = metrics.hook_errors
         self.dead_letter_failures = metrics.dead_letter_failures
         self._children: dict[tuple[str, str], Any] = {}
@@ -157,13 +163,13 @@ class StreamMetricsCache:
             self._children[key] = child
         return child
 
-    def fired(self, kind: str) -> Counter:
+    def fired(self, kind: str) -> CounterChild:
         return self._child("hooks_fired", kind)  # type: ignore[no-any-return]
 
-    def suppressed(self, kind: str) -> Counter:
+    def suppressed(self, kind: str) -> CounterChild:
         return self._child("hooks_suppressed", kind)  # type: ignore[no-any-return]
 
-    def dispatch(self, kind: str) -> Histogram:
+    def dispatch(self, kind: str) -> HistogramChild:
         return self._child("hook_dispatch_seconds", kind)  # type: ignore[no-any-return]
 
     def ended(self, reason: str) -> Counter:
