@@ -75,7 +75,7 @@ async def processor_cpu(records: list[_Record]) -> float:
     metrics = StreamMetrics(CollectorRegistry())
     cfg = KafkaConfig(bootstrap_servers="unused:9092", topic="t", group_id="bench", results_topic="t.results",
                       dead_letter_topic="t.dlq")
-    writer = KafkaResultsWriter(_AckingProducer(), cfg, metrics, JournalSigner([]))  # type: ignore[arg-type]
+    writer = KafkaResultsWriter(_AckingProducer(), cfg, metrics, JournalSigner([]))
     await writer.partition_count()
     processor = PartitionProcessor(
         partition=0, state_config=StateConfig(), hooks=RecordingHooks(), results=writer,
