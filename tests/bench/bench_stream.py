@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from sidecar.app import run_app
@@ -122,6 +123,22 @@ async def honest_baseline(bs: str, topic: str, n: int) -> float:
         await p.stop()
 
 
+async def require_whole_topic(bs: str, topic: str) -> None:
+    """Stop with the cause if the mock cluster has already dropped records (it keeps a bounded log
+    per partition): every loop below waits for all ``n`` records and would wait forever."""
+    c = AIOKafkaConsumer(bootstrap_servers=bs, group_id=None)
+    await c.start()
+    try:
+        await c._client.force_metadata_update()
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+        dropped = {tp.partition: off for tp, off in (await c.beginning_offsets(tps)).items() if off > 0}
+    finally:
+        await c.stop()
+    if dropped:
+        raise SystemExit(f"the mock cluster dropped the oldest records of partitions {dropped} (first offset "
+                         "kept): too many events for its log; run with fewer --events")
+
+
 def quantile_from_histogram(registry: CollectorRegistry, name: str, q: float) -> float:
     """Prometheus-style histogram_quantile over all label sets of ``name``."""
     buckets: dict[float, float] = {}
@@ -211,7 +228,7 @@ def memory_per_conversation(n_convs: int) -> tuple[float, float]:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--events", type=int, default=60_000)
     parser.add_argument("--open-conversations", type=int, default=100_000)
     parser.add_argument("--latency-events", type=int, default=20_000)
     parser.add_argument("--latency-rate", type=float, default=1000.0)
@@ -224,6 +241,7 @@ async def main() -> None:
         t = time.perf_counter()
         await produce_raw(bs, "bench", events)
         print(f"produced {n} events from MultiWOZ conversations in {time.perf_counter() - t:.1f} s")
+        await require_whole_topic(bs, "bench")
         bare = await bare_loop(bs, "bench", n)
         bare_json = await bare_loop(bs, "bench", n, parse=True)
         honest = await honest_baseline(bs, "bench", n)
