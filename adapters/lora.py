@@ -198,18 +198,20 @@ def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe:
                 rec = json.loads(line)
                 messages = messages_from_json(rec["messages"])
                 ids, starts = encode_messages_with_offsets(tok, messages, recipe.max_message_tokens)
-                seqs.append(build_sequence(ids, starts, int(rec["target_start"]), end_id,
-                                           max_tokens=recipe.max_context_tokens, loss_on=recipe.loss_on,
-                                           decision_weight=recipe.decision_weight))
+                own = [build_sequence(ids, starts, int(rec["target_start"]), end_id,
+                                      max_tokens=recipe.max_context_tokens, loss_on=recipe.loss_on,
+                                      decision_weight=recipe.decision_weight)]
                 key = f"{recipe.seed}:{rec['conversation_id']}"
-                seqs.extend(build_window(ids, starts, cut, max_tokens=recipe.max_context_tokens,
-                                         loss_on=recipe.loss_on, decision_weight=recipe.decision_weight)
-                            for cut in pick_cuts(turn_cuts(messages, starts), recipe.decision_windows, key))
-                seqs.extend(forgery_sequences(tok, messages, recipe, key))
+                own.extend(build_window(ids, starts, cut, max_tokens=recipe.max_context_tokens,
+                                        loss_on=recipe.loss_on, decision_weight=recipe.decision_weight)
+                           for cut in pick_cuts(turn_cuts(messages, starts), recipe.decision_windows, key))
+                own.extend(forgery_sequences(tok, messages, recipe, key))
+                if recipe.window_stride:
+                    # Keyed by the conversation, so adding or removing data leaves the others' cuts.
+                    own = [stride_window(s, max_tokens=recipe.max_context_tokens, stride=recipe.window_stride,
+                                         key=f"{key}:{j}") for j, s in enumerate(own)]
+                seqs.extend(own)
                 counts[name] = counts.get(name, 0) + 1
-    if recipe.window_stride:
-        seqs = [stride_window(s, max_tokens=recipe.max_context_tokens, stride=recipe.window_stride, key=f"{i}")
-                for i, s in enumerate(seqs)]
     return seqs, counts
 
 

@@ -18,6 +18,7 @@ from adapters.lora import (
     LoraRecipe,
     build_sequence,
     build_window,
+    load_sequences,
     pick_cuts,
     stride_window,
     train_lora,
@@ -87,6 +88,25 @@ def test_stride_windows_drop_up_to_stride_minus_one_ids_from_full_windows_only()
     short = TrainSeq(list(range(40)), list(range(40)))
     assert stride_window(short, max_tokens=100, stride=16, key="x") is short
     assert stride_window(full, max_tokens=100, stride=0, key="x") is full
+
+
+def test_stride_cuts_depend_on_the_conversation_not_on_the_other_data(
+    tmp_path: Path, toy_tokenizer: Any, toy_records: list[dict[str, Any]]
+) -> None:
+    model_dir = tmp_path / "model"
+    save_tokenizer(toy_tokenizer, model_dir, model_max_length=64)
+    data = tmp_path / "data"
+    for name, recs in (("first", toy_records[:20]), ("second", toy_records[20:40])):
+        (data / name).mkdir(parents=True)
+        lines = [json.dumps({"conversation_id": r["conversation_id"], "target_start": 1,
+                             "messages": [{"role": t["role"], "content": t["content"]} for t in r["turns"]]})
+                 for r in recs]
+        (data / name / "train.jsonl").write_text("\n".join(lines) + "\n")
+    recipe = LoraRecipe(max_context_tokens=24, window_stride=8, decision_windows=1)
+    alone, _ = load_sequences(data, ["second"], model_dir, recipe, with_end_tag=True, max_per_dataset=None)
+    both, _ = load_sequences(data, ["first", "second"], model_dir, recipe, with_end_tag=True, max_per_dataset=None)
+    assert both[len(both) - len(alone):] == alone  # a data set in front changes none of the cuts
+    assert len({len(s.input_ids) for s in alone}) > 1  # windows were cut (else the check proves nothing)
 
 
 def test_build_window_ends_with_the_continue_decision() -> None:
