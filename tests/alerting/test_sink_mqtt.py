@@ -49,15 +49,16 @@ async def running(cfg: MqttSinkConfig) -> AsyncIterator[MqttAlertSink]:
 class Subscriber:
     """Collects every message under ``prefix/#`` (MQTT 5, so publish properties arrive too)."""
 
-    def __init__(self, port: int, pattern: str) -> None:
+    def __init__(self, port: int, pattern: str, qos: int = 1) -> None:
         self.port = port
         self.pattern = pattern
+        self.qos = qos
         self.messages: list[aiomqtt.Message] = []
 
     @asynccontextmanager
     async def listening(self) -> AsyncIterator[Subscriber]:
         async with aiomqtt.Client("127.0.0.1", self.port, protocol=aiomqtt.ProtocolVersion.V5) as client:
-            await client.subscribe(self.pattern, qos=1)
+            await client.subscribe(self.pattern, qos=self.qos)
 
             async def collect() -> None:
                 async for message in client.messages:
@@ -79,19 +80,23 @@ class Subscriber:
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
-async def test_alerts_arrive_at_qos1_with_topic_and_payload(
-    shared_mosquitto: int, protocol: Literal["5", "3.1.1"], validate_payload: Callable[[Any], None]
+@pytest.mark.parametrize("qos", [1, 2])
+async def test_alerts_arrive_acknowledged_with_topic_and_payload(
+    shared_mosquitto: int, protocol: Literal["5", "3.1.1"], qos: Literal[1, 2],
+    validate_payload: Callable[[Any], None],
 ) -> None:
+    # QoS 2: each send returns only after the broker's PUBCOMP (the four-packet exchange); the
+    # subscriber asks for QoS 2 too, so the broker delivers at the QoS the sink published with.
     prefix = f"sidecar-test/{uuid.uuid4().hex}"
     alerts = [make_alert(n) for n in range(20)]
-    async with Subscriber(shared_mosquitto, prefix + "/#").listening() as sub, running(
-        sink_config(shared_mosquitto, prefix, protocol=protocol)
+    async with Subscriber(shared_mosquitto, prefix + "/#", qos=qos).listening() as sub, running(
+        sink_config(shared_mosquitto, prefix, protocol=protocol, qos=qos)
     ) as sink:
         await asyncio.gather(*(sink.send(a) for a in alerts))  # concurrent sends, each acknowledged
         assert sink.health().ready
         await wait_until(lambda: len(sub.messages) >= len(alerts), "20 alerts at the subscriber")
     assert {str(m.topic) for m in sub.messages} == {f"{prefix}/acme/support-bot/uncertain_turn"}
-    assert {m.qos for m in sub.messages} == {1}
+    assert {m.qos for m in sub.messages} == {qos}
     assert sorted(p["id"] for p in sub.payloads()) == sorted(a.id for a in alerts)
     for payload in sub.payloads():
         validate_payload(payload)
@@ -131,11 +136,12 @@ async def test_an_unreachable_broker_is_a_retryable_failure() -> None:
         assert "failing" in health.detail
 
 
+@pytest.mark.parametrize("qos", [1, 2])
 async def test_broker_outage_then_recovery_with_the_persistent_session(
-    private_mosquitto: Mosquitto, validate_payload: Callable[[Any], None]
+    private_mosquitto: Mosquitto, qos: Literal[1, 2], validate_payload: Callable[[Any], None]
 ) -> None:
     broker = private_mosquitto
-    cfg = sink_config(broker.port, "alerts", timeout_seconds=1.0, session_expiry_seconds=3600)
+    cfg = sink_config(broker.port, "alerts", timeout_seconds=1.0, session_expiry_seconds=3600, qos=qos)
     async with running(cfg) as sink:
         await wait_until(lambda: sink.health().ready, "the first connection")
         async with Subscriber(broker.port, "alerts/#").listening() as sub:
