@@ -16,6 +16,7 @@ import bisect
 import math
 import time
 from collections.abc import Iterable, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -52,8 +53,12 @@ class HistogramChild:
         self.sum += amount
 
 
-class _Family(Collector):
-    """A labelled family registered as a collector; children are created by ``labels()``."""
+C = TypeVar("C", CounterChild, HistogramChild)
+
+
+class _Family(Collector, Generic[C]):
+    """A labelled family registered as a collector; children are created by ``labels()``, and a
+    family without labels has its one child from the start (``solo``)."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Iterable[str], registry: CollectorRegistry | None
@@ -61,20 +66,29 @@ class _Family(Collector):
         self._name = name
         self._documentation = documentation
         self._labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], CounterChild | HistogramChild] = {}
+        self._children: dict[tuple[str, ...], C] = {}
+        self._solo: C | None = self._new_child() if not self._labelnames else None
+        if self._solo is not None:
+            self._children[()] = self._solo
         if registry is not None:
             registry.register(self)
 
-    def _new_child(self) -> CounterChild | HistogramChild:
+    def _new_child(self) -> C:
         raise NotImplementedError
 
-    def _get(self, values: tuple[str, ...]) -> CounterChild | HistogramChild:
-        if len(values) != len(self._labelnames):
-            raise ValueError(f"{self._name} takes labels {self._labelnames}, got {values}")
-        child = self._children.get(values)
+    def labels(self, *values: str) -> C:
+        key = tuple(str(v) for v in values)
+        if len(key) != len(self._labelnames):
+            raise ValueError(f"{self._name} takes labels {self._labelnames}, got {key}")
+        child = self._children.get(key)
         if child is None:
-            child = self._children[values] = self._new_child()
+            child = self._children[key] = self._new_child()
         return child
+
+    def _only_child(self, method: str) -> C:
+        if self._solo is None:
+            raise ValueError(f"{self._name} has labels {self._labelnames}: use labels(...).{method}()")
+        return self._solo
 
     def describe(self) -> list[Metric]:
         return [self._family()]
@@ -83,29 +97,19 @@ class _Family(Collector):
         raise NotImplementedError
 
 
-class HotCounter(_Family):
+class HotCounter(_Family[CounterChild]):
     """A counter family; ``name`` without ``_total``, as with prometheus_client."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Iterable[str] = (), registry: CollectorRegistry | None = None
     ) -> None:
         super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
-        self._solo = CounterChild() if not self._labelnames else None
-        if self._solo is not None:
-            self._children[()] = self._solo
 
     def _new_child(self) -> CounterChild:
         return CounterChild()
 
-    def labels(self, *values: str) -> CounterChild:
-        child = self._get(tuple(str(v) for v in values))
-        assert isinstance(child, CounterChild)
-        return child
-
     def inc(self, amount: float = 1.0) -> None:
-        if self._solo is None:
-            raise ValueError(f"{self._name} has labels {self._labelnames}: use labels(...).inc()")
-        self._solo.inc(amount)
+        self._only_child("inc").inc(amount)
 
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
@@ -113,12 +117,11 @@ class HotCounter(_Family):
     def collect(self) -> list[Metric]:
         family = self._family()
         for values, child in list(self._children.items()):
-            assert isinstance(child, CounterChild)
             family.add_metric(list(values), child.value, created=child.created)
         return [family]
 
 
-class HotHistogram(_Family):
+class HotHistogram(_Family[HistogramChild]):
     """A histogram family with fixed bucket upper bounds (``+Inf`` is added)."""
 
     def __init__(
@@ -138,22 +141,12 @@ class HotHistogram(_Family):
         self._bounds = tuple(bounds)
         self._le = [floatToGoString(b) for b in bounds]  # type: ignore[no-untyped-call]
         super().__init__(name, documentation, labelnames, registry)
-        self._solo = HistogramChild(self._bounds) if not self._labelnames else None
-        if self._solo is not None:
-            self._children[()] = self._solo
 
     def _new_child(self) -> HistogramChild:
         return HistogramChild(self._bounds)
 
-    def labels(self, *values: str) -> HistogramChild:
-        child = self._get(tuple(str(v) for v in values))
-        assert isinstance(child, HistogramChild)
-        return child
-
     def observe(self, amount: float) -> None:
-        if self._solo is None:
-            raise ValueError(f"{self._name} has labels {self._labelnames}: use labels(...).observe()")
-        self._solo.observe(amount)
+        self._only_child("observe").observe(amount)
 
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
@@ -161,7 +154,6 @@ class HotHistogram(_Family):
     def collect(self) -> list[Metric]:
         family = self._family()
         for values, child in list(self._children.items()):
-            assert isinstance(child, HistogramChild)
             cumulative, buckets = 0, []
             for le, count in zip(self._le, child.counts, strict=True):
                 cumulative += count
