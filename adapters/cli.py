@@ -15,7 +15,7 @@ from pathlib import Path
 import structlog
 
 from adapters.errors import AdaptersError, DataError
-from sidecar.argtypes import non_negative_int, positive_int
+from sidecar.tools.argtypes import non_negative_int, positive_int
 
 
 def _default_datasets_dir() -> Path:
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     va.add_argument("--max-conversations", type=positive_int, default=None, help="per dataset")
     va.add_argument("--max-context-tokens", type=positive_int, default=512)
 
-    from adapters.onboard_cli import add_parser as add_onboard
+    from adapters.onboarding.cli import add_parser as add_onboard
 
     add_onboard(sub)
     et = sub.add_parser("add-end-tag", help="give a base model the end tag as a special token, rows initialised")
@@ -172,8 +172,8 @@ def _run(args: argparse.Namespace) -> object:
     if args.command in ("train-base", "train-lora", "eval", "validate"):
         args.datasets = _prepared(args.data, args.datasets)
     if args.command == "prepare":
-        from adapters.prepare import prepare
-        from adapters.sources import ReadLimits, discover, open_source
+        from adapters.data.prepare import prepare
+        from adapters.data.sources import ReadLimits, discover, open_source
 
         ddir = args.datasets_dir or _default_datasets_dir()
         limits = ReadLimits(max_bytes=args.max_input_bytes)
@@ -181,8 +181,8 @@ def _run(args: argparse.Namespace) -> object:
         sources = [open_source(n, datasets_dir=ddir, limits=limits) for n in names]
         return prepare(sources, args.out, seed=args.seed, max_train=args.max_train, max_test=args.max_test)
     if args.command == "onboard":
-        from adapters.onboard import run_onboarding
-        from adapters.onboard_cli import spec_from_args
+        from adapters.onboarding.cli import spec_from_args
+        from adapters.onboarding.onboard import run_onboarding
 
         onboarding = spec_from_args(args)
         if args.threads is not None:
@@ -191,11 +191,11 @@ def _run(args: argparse.Namespace) -> object:
             torch.set_num_threads(args.threads)
         return run_onboarding(onboarding)
     if args.command == "add-end-tag":
-        from adapters.end_tag import add_end_tag
+        from adapters.training.end_tag import add_end_tag
 
         return add_end_tag(args.base, args.out, reuse_reserved=args.reuse_reserved == "auto", seed=args.seed)
     if args.command == "train-base":
-        from adapters.base import BaseModelSpec, train_base
+        from adapters.training.base import BaseModelSpec, train_base
 
         spec = BaseModelSpec(args.vocab_size, args.hidden_size, args.layers, args.heads, args.intermediate_size,
                              args.max_positions, args.window)
@@ -203,8 +203,8 @@ def _run(args: argparse.Namespace) -> object:
                             learning_rate=args.lr, max_tokens=args.max_tokens, seed=args.seed,
                             max_steps=args.max_steps)
     elif args.command == "train-lora":
-        from adapters.lora import train_lora
-        from adapters.recipe import LoraRecipe
+        from adapters.training.lora import train_lora
+        from adapters.training.recipe import LoraRecipe
 
         recipe = LoraRecipe(rank=args.rank, alpha=2 * args.rank, epochs=args.epochs, learning_rate=args.lr,
                             batch_size=args.batch_size, max_context_tokens=args.max_context_tokens,
@@ -215,16 +215,16 @@ def _run(args: argparse.Namespace) -> object:
                             with_end_tag=not args.no_end_tag, max_per_dataset=args.max_per_dataset,
                             max_steps=args.max_steps, init_adapter=args.init_adapter)
     elif args.command == "export":
-        from adapters.export import export_adapter
+        from adapters.serving.export import export_adapter
 
         result = export_adapter(args.adapter, args.out, args.base_name, max_lora_rank=args.max_lora_rank)
     elif args.command == "validate":
-        from adapters.validate import run_validate
+        from adapters.evaluation.validate import run_validate
 
         result = run_validate(args.data, args.datasets, args.base, args.adapter, skip=args.skip,
                               limit=args.max_conversations, max_context_tokens=args.max_context_tokens)
     else:
-        from adapters.evaluate import run_eval
+        from adapters.evaluation.evaluate import run_eval
 
         result = run_eval(args)
     return result

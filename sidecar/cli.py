@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="consume the configured Kafka topic (production)")
     _add_config_arg(p_run)
 
-    from sidecar.demo.cli import add_demo_parser
+    from sidecar.tools.demo.cli import add_demo_parser
 
     add_demo_parser(sub, _add_config_arg)
 
@@ -37,15 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_check = cfg_sub.add_parser("check", help="validate the configuration and exit 0 or 2")
     _add_config_arg(p_check)
 
-    from sidecar.clustering.cli import add_clusters_parser
+    from sidecar.tools.clustering.cli import add_clusters_parser
 
     add_clusters_parser(sub)
-    from sidecar.judge.cli import add_judge_parser
-    from sidecar.simulator.cli import add_simulate_parser
+    from sidecar.tools.judge.cli import add_judge_parser
+    from sidecar.tools.simulator.cli import add_simulate_parser
 
     add_judge_parser(sub)
     add_simulate_parser(sub)
-    from sidecar.eval.cli import add_eval_parser
+    from sidecar.tools.eval.cli import add_eval_parser
 
     add_eval_parser(sub)
     return parser

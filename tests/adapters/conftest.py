@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from adapters.tokenizer import train_tokenizer
+from adapters.data.tokenizer import train_tokenizer
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import render_text
 

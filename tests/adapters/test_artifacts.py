@@ -11,9 +11,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from adapters.data import Conversation, eval_examples, read_conversations, split_of
-from adapters.manifest import file_sha256, message_cap
-from adapters.tokenizer import END_TAG, SPECIAL_TOKENS, encode_messages, load_tokenizer, special_id
+from adapters.data.conversations import Conversation, eval_examples, read_conversations, split_of
+from adapters.data.tokenizer import END_TAG, SPECIAL_TOKENS, encode_messages, load_tokenizer, special_id
+from adapters.serving.manifest import file_sha256, message_cap
 from sidecar.transcript.model import Message
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "adapters" / "artifacts"
@@ -22,7 +22,7 @@ ADAPTERS = ("completion", "completion-no-end-tag")
 
 
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sidecar" / "demo" / "data" / "sample.jsonl.gz"
+SAMPLE = Path(__file__).resolve().parents[2] / "sidecar" / "tools" / "demo" / "data" / "sample.jsonl.gz"
 
 
 def _held_out_multiwoz(n: int) -> list[Conversation]:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.calibrate import (
+from adapters.evaluation.calibrate import (
     ScoredExample,
     calibrate,
     candidate_thresholds,

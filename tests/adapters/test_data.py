@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.data import (
+from adapters.data.conversations import (
     BadRecordError,
     Conversation,
     eval_examples,
@@ -23,8 +23,8 @@ from adapters.data import (
     truncate,
     truncation_turn,
 )
-from adapters.prepare import prepare_dataset, sft_pair
-from adapters.tokenizer import END_TAG, SPECIAL_TOKENS
+from adapters.data.prepare import prepare_dataset, sft_pair
+from adapters.data.tokenizer import END_TAG, SPECIAL_TOKENS
 from sidecar.transcript.model import Message, count_turns
 from sidecar.transcript.render import render_text
 from tests.adapters.conftest import synthetic_conversation
@@ -88,7 +88,7 @@ def test_star_real_label() -> None:
 
 
 def test_validation_examples_follow_the_test_protocol(tmp_path: Path) -> None:
-    from adapters.validate import validation_examples
+    from adapters.evaluation.validate import validation_examples
 
     (tmp_path / "star").mkdir()
     rows = []

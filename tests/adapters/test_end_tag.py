@@ -14,12 +14,12 @@ from tokenizers import Tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from adapters.cli import main
-from adapters.end_tag import add_end_tag
-from adapters.export import export_adapter
-from adapters.lora import train_lora
-from adapters.recipe import LoraRecipe
-from adapters.tokenizer import END_TAG, encode_plain, train_tokenizer
-from sidecar.scoring.local_vllm import LocalVllmServer, LocalVllmSpec
+from adapters.data.tokenizer import END_TAG, encode_plain, train_tokenizer
+from adapters.serving.export import export_adapter
+from adapters.training.end_tag import add_end_tag
+from adapters.training.lora import train_lora
+from adapters.training.recipe import LoraRecipe
+from sidecar.tools.local_vllm import LocalVllmServer, LocalVllmSpec
 from tests.adapters.conftest import synthetic_conversation
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")

@@ -14,7 +14,7 @@ import yaml
 
 from adapters.cli import main
 from adapters.errors import ServeError
-from adapters.serving import load_adapter, write_routing
+from adapters.serving.serving import load_adapter, write_routing
 from sidecar.config import load_config
 from tests.adapters.conftest import synthetic_conversation
 from tests.support.tiny_model import TinyModel
@@ -125,7 +125,7 @@ RECIPE = {"max_context_tokens": 256, "max_message_tokens": 128}
 
 
 def test_routing_refuses_a_config_with_another_prompt_window(tmp_path: Path) -> None:
-    from adapters.serving import routing
+    from adapters.serving.serving import routing
 
     config = tmp_path / "c.yaml"
     config.write_text("scoring:\n  max_prompt_tokens: 512\n")
@@ -146,7 +146,7 @@ def test_routing_refuses_a_config_with_another_prompt_window(tmp_path: Path) -> 
 
 
 def test_routing_of_a_stride_trained_adapter_serves_stride_windows(tmp_path: Path) -> None:
-    from adapters.serving import routing
+    from adapters.serving.serving import routing
 
     fresh = tmp_path / "new.yaml"
     write_routing(tmp_path, routing("shop", "shop-1", VALIDATION, {**RECIPE, "window_stride": 64}), fresh)
@@ -187,7 +187,7 @@ def test_serving_without_runtime_loading_or_without_a_server(stub_server: str, t
 
 
 def test_general_conversations_are_mixed_in_by_ratio(tmp_path: Path) -> None:
-    from adapters.onboard import MIX_NAME, OnboardSpec, collect, split
+    from adapters.onboarding.onboard import MIX_NAME, OnboardSpec, collect, split
 
     source = _traffic(tmp_path / "traffic.jsonl", 40)
     spec = OnboardSpec(agent="a", sources=(str(source),), out=tmp_path, mix=("demo-sample",), mix_ratio=0.5)
@@ -204,7 +204,7 @@ def test_general_conversations_are_mixed_in_by_ratio(tmp_path: Path) -> None:
 
 
 def test_collect_keeps_the_last_copy_of_a_repeated_conversation(tmp_path: Path) -> None:
-    from adapters.onboard import OnboardSpec, collect
+    from adapters.onboarding.onboard import OnboardSpec, collect
 
     first = _traffic(tmp_path / "a.jsonl", 5)
     again = _traffic(tmp_path / "b.jsonl", 3)  # the same ids, as a training store writes after a crash

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from adapters.cli import main
+from adapters.data.prepare import prepare_dataset
+from adapters.data.sources import ReadLimits, discover, open_source
 from adapters.errors import DataError
-from adapters.prepare import prepare_dataset
-from adapters.sources import ReadLimits, discover, open_source
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import conversation_events, encode
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import conversation_events, encode
 from tests.adapters.conftest import synthetic_conversation
 from tests.integration.kafka_support import produce_raw
 

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from adapters.tokenizer import (
+from adapters.data.tokenizer import (
     END_TAG,
     SPECIAL_TOKENS,
     encode_messages,

@@ -11,10 +11,13 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from adapters.base import BaseModelSpec, build_model, rescale_unseen_rows, windows
 from adapters.cli import build_parser, main
-from adapters.export import ExportError, export_adapter
-from adapters.lora import (
+from adapters.data.tokenizer import BOS, END_TAG, EOS, PAD, encode_messages_with_offsets, save_tokenizer, special_id
+from adapters.evaluation.metrics import binary_metrics, roc_auc
+from adapters.serving.export import ExportError, export_adapter
+from adapters.training.base import BaseModelSpec, build_model, rescale_unseen_rows, windows
+from adapters.training.loop import IGNORE, LoopConfig, TrainSeq, collate, train_loop, weighted_lm_loss
+from adapters.training.lora import (
     LoraRecipe,
     build_sequence,
     build_window,
@@ -24,9 +27,6 @@ from adapters.lora import (
     train_lora,
     turn_cuts,
 )
-from adapters.metrics import binary_metrics, roc_auc
-from adapters.tokenizer import BOS, END_TAG, EOS, PAD, encode_messages_with_offsets, save_tokenizer, special_id
-from adapters.training import IGNORE, LoopConfig, TrainSeq, collate, train_loop, weighted_lm_loss
 from tests.adapters.conftest import to_messages
 
 TINY = BaseModelSpec(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
@@ -63,7 +63,7 @@ def test_build_sequence_labels_only_the_target() -> None:
 
 
 def test_turn_cuts_are_the_prompts_of_truncated_copies(toy_tokenizer: Any, toy_records: list[dict[str, Any]]) -> None:
-    from adapters.tokenizer import encode_messages
+    from adapters.data.tokenizer import encode_messages
     from sidecar.transcript.model import count_turns, prefix_through_turn
 
     messages = to_messages(toy_records[3])  # 5 turns
@@ -236,7 +236,7 @@ def test_lora_training_lowers_the_loss_and_exports(tmp_path: Path, toy_tokenizer
 
 def test_decision_windows_teach_the_end_and_validate_measures_it(tmp_path: Path, toy_tokenizer: Any,
                                                                  toy_records: list[dict[str, Any]]) -> None:
-    from adapters.validate import run_validate, validation_examples
+    from adapters.evaluation.validate import run_validate, validation_examples
 
     base, _ = _tiny_base(tmp_path, toy_tokenizer, toy_records)
     data = _write_prepared(tmp_path, toy_records, count=60)

@@ -17,10 +17,10 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from adapters.evaluate import PromptMismatchError, SidecarScoring, check_prompts, sidecar_config
-from adapters.export import export_adapter
-from adapters.lora import LoraRecipe, train_lora
-from adapters.tokenizer import END_TAG, encode_messages, encode_plain, load_tokenizer, special_id
+from adapters.data.tokenizer import END_TAG, encode_messages, encode_plain, load_tokenizer, special_id
+from adapters.evaluation.evaluate import PromptMismatchError, SidecarScoring, check_prompts, sidecar_config
+from adapters.serving.export import export_adapter
+from adapters.training.lora import LoraRecipe, train_lora
 from sidecar.transcript.model import Message
 from tests.adapters.conftest import to_messages
 

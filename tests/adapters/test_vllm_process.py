@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.vllm_server import VllmServer
+from adapters.serving.vllm_server import VllmServer
 
 
 def _fake_python(tmp_path: Path, body: str) -> Path:

@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaProducer
 from sidecar.alerting.config import KafkaAlertSinkConfig, RetryConfig
 from sidecar.alerting.sinks.base import AlertDeliveryError, AlertRejected
 from sidecar.alerting.sinks.kafka import KafkaAlertSink
-from sidecar.demo.mock_cluster import MockKafkaCluster
 from sidecar.source.config import KafkaConfig
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from tests.alerting.alerts import hostile_alert, make_alert
 from tests.alerting.servers import free_port
 from tests.integration.kafka_support import read_topic

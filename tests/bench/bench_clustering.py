@@ -41,14 +41,14 @@ import numpy as np
 from sidecar.clustering.algorithm import ClusteringResult, kmeans
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.embed import Matrix, SentenceTransformerEmbedder
-from sidecar.clustering.evaluation import (
+from sidecar.clustering.llm import ExtractiveGoalLLM, MergeQuery
+from sidecar.tools.clustering.evaluation import (
     adjusted_rand_index,
     aligned_confusion,
     diagonal_fraction,
     mean_distance,
 )
-from sidecar.clustering.llm import ExtractiveGoalLLM, MergeQuery
-from sidecar.clustering.offline import ReadStats, cluster_conversations, parse_line
+from sidecar.tools.clustering.offline import ReadStats, cluster_conversations, parse_line
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -30,9 +30,9 @@ import numpy as np
 
 from sidecar.app import run_app
 from sidecar.config import load_config
-from sidecar.demo import models
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import conversation_events, interleave, load_sample, produce
+from sidecar.tools.demo import models
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import conversation_events, interleave, load_sample, produce
 from tests.integration.kafka_support import read_topic
 
 

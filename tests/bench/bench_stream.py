@@ -29,12 +29,12 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import run_app
 from sidecar.config import load_config
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import conversation_events, encode, interleave, load_jsonl_gz, produce
 from sidecar.events import decode_event
 from sidecar.state.config import StateConfig
 from sidecar.state.hooks import RecordingHooks
 from sidecar.state.store import PartitionState
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import conversation_events, encode, interleave, load_jsonl_gz, produce
 from tests.integration.kafka_support import produce_raw, shared_dir
 
 

@@ -43,12 +43,12 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from sidecar.demo import models
-from sidecar.eval.dataset import EvalConversation, parse_record, read_dataset
-from sidecar.eval.run import eval_scoring_config, through_user_message
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.hooks import ScoringHooks
 from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander
+from sidecar.tools.demo import models
+from sidecar.tools.eval.dataset import EvalConversation, parse_record, read_dataset
+from sidecar.tools.eval.run import eval_scoring_config, through_user_message
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import Segment, next_step_header
 from tests.bench.bench_uncertainty_stats import (
@@ -62,7 +62,7 @@ from tests.bench.bench_uncertainty_stats import (
 from tests.support.corpora import corpora_dir
 
 REPO = Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "sidecar" / "demo" / "data" / "sample.jsonl.gz"
+SAMPLE = REPO / "sidecar" / "tools" / "demo" / "data" / "sample.jsonl.gz"
 OUT = REPO / "tests" / "bench" / "reports" / "uncertainty"
 WORK = REPO / "build" / "bench-uncertainty"
 CALIBRATION_DEPTHS = (1, 4)
@@ -110,7 +110,7 @@ def seen_by_base() -> set[str] | None:
     """Ids of the conversations the bundled base model was trained on (``adapters prepare``: the
     train side of the 50/50 split by split group, the first 600 by hash order), when the corpora
     are here to rebuild that list."""
-    from adapters.data import stable_unit
+    from adapters.data.conversations import stable_unit
 
     root = corpora_dir()
     if not root.is_dir():
@@ -122,7 +122,7 @@ def seen_by_base() -> set[str] | None:
             for line in fh:
                 rec = json.loads(line)
                 group = rec.get("meta", {}).get("split_group") or rec["conversation_id"]
-                if stable_unit(group, "split") < 0.5:  # adapters.data.split_of
+                if stable_unit(group, "split") < 0.5:  # adapters.data.conversations.split_of
                     train.append(rec["conversation_id"])
         seen.update(sorted(train, key=lambda c: stable_unit(c, "train-sample"))[:BASE_TRAIN_PER_DATASET])
     return seen
@@ -240,7 +240,7 @@ def artifacts() -> str:
 
 
 def bundled_config(base_url: str) -> ScoringConfig:
-    """The demo's scoring configuration (``sidecar.demo.models``) with eval's overrides (every turn
+    """The demo's scoring configuration (``sidecar.tools.demo.models``) with eval's overrides (every turn
     scored, paper-format tree prompt)."""
     found = models.bundled_model()
     assert found is not None, models.scoring_unavailable_reason()

@@ -32,10 +32,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from adapters.data import messages_from_json
-from adapters.manifest import message_cap
-from adapters.metrics import binary_metrics
-from adapters.validate import load_model, next_token_probs
+from adapters.data.conversations import messages_from_json
+from adapters.evaluation.metrics import binary_metrics
+from adapters.evaluation.validate import load_model, next_token_probs
+from adapters.serving.manifest import message_cap
 from sidecar.scoring.client import VllmClient
 from sidecar.scoring.config import VllmEndpointConfig
 from sidecar.scoring.prompts import PromptBuilder

@@ -18,7 +18,7 @@ from sidecar.clustering.algorithm import (
     llm_guided_clustering,
 )
 from sidecar.clustering.embed import Matrix, normalize_rows
-from sidecar.clustering.evaluation import adjusted_rand_index
+from sidecar.tools.clustering.evaluation import adjusted_rand_index
 from tests.clustering.fakes import HashEmbedder, OracleLLM, blobs
 
 

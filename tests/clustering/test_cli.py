@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.cli import main
 from sidecar.clustering.embed import SentenceTransformerEmbedder
-from sidecar.clustering.offline import MAX_LINE_BYTES, ReadStats, iter_conversations
+from sidecar.tools.clustering.offline import MAX_LINE_BYTES, ReadStats, iter_conversations
 
 TOPICS = {
     "flights": ["I need to book a flight to {c}", "Find me a plane ticket to {c} next week"],

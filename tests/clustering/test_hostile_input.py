@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from sidecar.clustering.live import OTHER, UNKNOWN, metric_label
 from sidecar.clustering.llm import extractive_summary, keyword_label, keywords, parse_answer
-from sidecar.clustering.offline import ReadStats, parse_line
 from sidecar.clustering.prompts import MergeAnswer, merge_messages, one_line
+from sidecar.tools.clustering.offline import ReadStats, parse_line
 from sidecar.transcript.model import Message
 
 json_values = st.recursive(

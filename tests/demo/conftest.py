@@ -12,7 +12,7 @@ import pytest
 import structlog
 from aiokafka import AIOKafkaConsumer
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 
 
 @pytest.fixture(autouse=True)

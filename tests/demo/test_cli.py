@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sidecar import cli
 from sidecar.app import run_app
 from sidecar.config import SidecarConfig
-from sidecar.demo import cli as demo_cli
-from sidecar.demo.cli import demo_events
-from sidecar.demo.display import metric_summary
-from sidecar.demo.replay import load_sample
 from sidecar.state.hooks import RecordingHooks, TurnContext
+from sidecar.tools.demo import cli as demo_cli
+from sidecar.tools.demo.cli import demo_events
+from sidecar.tools.demo.display import metric_summary
+from sidecar.tools.demo.replay import load_sample
 
 # Replay mechanics only: the scorers and goal clustering have tests of their own.
 FAST = ["--rate", "5000", "--http-port", "0", "--scoring", "off", "--goals", "off"]
@@ -367,7 +367,7 @@ def test_ctrl_c_before_ready_stops_without_replaying(capsys: pytest.CaptureFixtu
 def test_scoring_on_without_a_model_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sidecar.demo import models
+    from sidecar.tools.demo import models
 
     monkeypatch.setattr(models, "ARTIFACTS", tmp_path)
     monkeypatch.setattr(models.scoring_unavailable_reason, "__defaults__", (tmp_path,))

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import (
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import (
     SampleError,
     agent_tag,
     conversation_events,

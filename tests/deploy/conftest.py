@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import conversation_events, encode, interleave, load_sample
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import conversation_events, encode, interleave, load_sample
 from tests.deploy.chart import ToolMissing, helm_binary
 from tests.integration.kafka_support import SidecarProcess, free_port, produce_raw, write_config
 from tests.support.vllm_server import VllmServer

@@ -88,7 +88,7 @@ def test_resume_with_other_settings_is_refused(tmp_path: Path, data: Path, capsy
 
 def test_bundled_without_the_model_or_vllm_exits_2(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from sidecar.demo import models
+    from sidecar.tools.demo import models
 
     monkeypatch.setattr(models, "scoring_unavailable_reason", lambda: "no vLLM interpreter at /nowhere")
     assert main(["eval", str(data), "--out", str(tmp_path / "o"), "--bundled"]) == 2

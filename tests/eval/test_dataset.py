@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.errors import ConfigError
-from sidecar.eval.dataset import MAX_LINE_BYTES, read_dataset
+from sidecar.tools.eval.dataset import MAX_LINE_BYTES, read_dataset
 
 GOOD = {
     "conversation_id": "star/1",

@@ -17,11 +17,11 @@ import pytest
 from sklearn.metrics import accuracy_score, precision_recall_fscore_support, roc_auc_score
 
 from sidecar.cli import main
-from sidecar.eval.report import fmt
+from sidecar.tools.eval.report import fmt
 from tests.support.vllm_server import VllmServer
 from tests.trees.browser import open_page, png_size
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sidecar" / "demo" / "data" / "sample.jsonl.gz"
+SAMPLE = Path(__file__).resolve().parents[2] / "sidecar" / "tools" / "demo" / "data" / "sample.jsonl.gz"
 PICK = {"star": 20, "multiwoz21_convlab2": 17, "taubench_airline": 13}
 SECTIONS = ("run", "completion", "uncertainty", "top", "goals")
 

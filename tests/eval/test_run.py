@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from sidecar.eval.dataset import EvalConversation
-from sidecar.eval.run import CHUNK_CONVERSATIONS, ResultsFile, score_all
+from sidecar.tools.eval.dataset import EvalConversation
+from sidecar.tools.eval.run import CHUNK_CONVERSATIONS, ResultsFile, score_all
 from sidecar.transcript.model import Message
 
 

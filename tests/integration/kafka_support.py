@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from sidecar.demo.replay import conversation_events, load_sample
 from sidecar.source.journal_entry import JournalSigner, read_entry
+from sidecar.tools.demo.replay import conversation_events, load_sample
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -154,7 +154,7 @@ def sample_conversations(copies: int, prefix: str, limit: int | None = None) -> 
     """The bundled demo sample's conversations as v1 events, ``copies`` times under fresh ids.
 
     The suite needs no data beyond the repository: the sample (STAR, MultiWOZ, tau-bench; see
-    sidecar/demo/data/ATTRIBUTION.md) replayed under new conversation ids is new traffic."""
+    sidecar/tools/demo/data/ATTRIBUTION.md) replayed under new conversation ids is new traffic."""
     records = load_sample()[:limit]
     return [
         conversation_events(r, conversation_id=f"{prefix}{c}-{i}")

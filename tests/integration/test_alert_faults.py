@@ -23,8 +23,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from sidecar.alerting.alert import alert_id
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import encode
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import encode
 from tests.alerting.servers import Mosquitto
 from tests.integration.kafka_support import SidecarProcess, produce_raw, write_config
 

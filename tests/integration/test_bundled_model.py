@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.demo.replay import load_sample
 from sidecar.scoring.hooks import ScoringHooks
+from sidecar.tools.demo.replay import load_sample
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import render_text
 from tests.support.bundled_vllm import BundledVllm

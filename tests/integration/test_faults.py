@@ -32,9 +32,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import encode, interleave
 from sidecar.source.journal_entry import JournalSigner
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import encode, interleave
 from tests.integration.kafka_support import (
     SidecarProcess,
     ground_truth,

@@ -15,8 +15,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import encode, interleave
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import encode, interleave
 from tests.integration.kafka_support import (
     SidecarProcess,
     ground_truth,

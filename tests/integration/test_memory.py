@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from tests.integration.kafka_support import SidecarProcess, free_port, produce_raw, write_config
 
 MIB = 1_048_576

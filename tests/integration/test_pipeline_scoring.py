@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import conversation_events, encode, interleave, load_sample
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import conversation_events, encode, interleave, load_sample
 from tests.integration.kafka_support import produce_raw, read_topic
 from tests.integration.test_kafka_source import Running, config, free_port
 from tests.support.vllm_server import VllmServer

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from tests.integration.kafka_support import REPO, write_config
 
 

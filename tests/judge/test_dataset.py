@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sidecar.errors import ConfigError
-from sidecar.judge.dataset import (
+from sidecar.tools.judge.dataset import (
     MAX_LINE_BYTES,
     ReadStats,
     as_label,

@@ -9,7 +9,7 @@ from typing import Any
 
 from sidecar.judge.chat import ChatMessage, ChatUnavailable, OpenAIChatClient
 from sidecar.judge.config import ChatEndpointConfig
-from sidecar.judge.dst import DstJudge, DstTurn, dst_messages
+from sidecar.tools.judge.dst import DstJudge, DstTurn, dst_messages
 from tests.judge.fakes import ScriptedChat
 from tests.support.vllm_server import VllmServer
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.judge.report import (
+from sidecar.tools.judge.report import (
     MethodRow,
     classification_row,
     comparison_json,

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.demo.replay import load_sample
 from sidecar.judge.config import JudgeConfig
 from sidecar.judge.judge import TwoDimensionalJudge
 from sidecar.judge.metrics import JudgeMetrics
+from sidecar.tools.demo.replay import load_sample
 from sidecar.transcript.model import Message
 from tests.support.vllm_server import VllmServer
 

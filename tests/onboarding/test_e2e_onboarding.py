@@ -21,8 +21,8 @@ import pytest
 
 from adapters.cli import main
 from sidecar.config import load_config
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import conversation_events, encode, interleave
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import conversation_events, encode, interleave
 from tests.adapters.conftest import synthetic_conversation
 from tests.integration.kafka_support import free_port, produce_raw, read_topic, write_config
 from tests.integration.test_kafka_source import Running

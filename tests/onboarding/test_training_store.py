@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from adapters.sources import open_source
+from adapters.data.sources import open_source
 from sidecar.stage.events import Effect
 from sidecar.state.hooks import TurnContext
 from sidecar.telemetry.labels import AgentLabels

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, normalizers
 
-from adapters.lora import forged_conversation
-from adapters.tokenizer import encode_messages
+from adapters.data.tokenizer import encode_messages
+from adapters.training.lora import forged_conversation
 from sidecar.scoring.prompts import PromptBuilder
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import defuse_headers, render_text
@@ -28,7 +28,7 @@ from sidecar.transcript.tokenize import ELISION, SafeTokenizer, cap_ids
 from tests.support.tiny_model import END_TAG, SPECIAL_TOKENS, build_tokenizer
 
 GENUINE_HEADER = re.compile(r"(?m)^TURN \d+, STEP \d+, ")
-SAMPLE = Path(__file__).resolve().parents[2] / "sidecar" / "demo" / "data" / "sample.jsonl.gz"
+SAMPLE = Path(__file__).resolve().parents[2] / "sidecar" / "tools" / "demo" / "data" / "sample.jsonl.gz"
 
 
 @pytest.fixture(scope="module")

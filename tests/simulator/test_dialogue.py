@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from sidecar.judge.chat import ChatMessage, ChatUnavailable
-from sidecar.simulator.agents import AssistantAgent, SummaryChecker, UserAgent, assistant_view, user_view
-from sidecar.simulator.config import SimulatorConfig
-from sidecar.simulator.dialogue import Dialogue, SimulatedConversation
-from sidecar.simulator.goals import GoalSpec
-from sidecar.simulator.prompts import ASSISTANT_NEXT, USER_ACCEPTED
+from sidecar.tools.simulator.agents import AssistantAgent, SummaryChecker, UserAgent, assistant_view, user_view
+from sidecar.tools.simulator.config import SimulatorConfig
+from sidecar.tools.simulator.dialogue import Dialogue, SimulatedConversation
+from sidecar.tools.simulator.goals import GoalSpec
+from sidecar.tools.simulator.prompts import ASSISTANT_NEXT, USER_ACCEPTED
 from sidecar.transcript.model import Message, count_turns
 from tests.simulator.fakes import ScriptedChat, is_check, is_user_agent
 

@@ -17,15 +17,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
 from sidecar.judge.config import ChatEndpointConfig, JudgeConfig
 from sidecar.judge.hooks import JudgeHooks
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.hooks import ScoringHooks
-from sidecar.simulator.cli import run_simulation
-from sidecar.simulator.config import SimulatorConfig
-from sidecar.simulator.sinks import KafkaEventSink
 from sidecar.state.hooks import CompositeHooks
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.simulator.cli import run_simulation
+from sidecar.tools.simulator.config import SimulatorConfig
+from sidecar.tools.simulator.sinks import KafkaEventSink
 from tests.integration.kafka_support import read_topic
 from tests.integration.test_kafka_source import Running, config
 from tests.support.vllm_server import VllmServer

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sidecar.errors import ConfigError
-from sidecar.simulator.goals import dataset_goal, load_goals
+from sidecar.tools.simulator.goals import dataset_goal, load_goals
 
 
 def write(path: Path, records: list[Any]) -> Path:

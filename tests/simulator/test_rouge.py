@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.simulator.rouge import Score, as_json, lcs_length, rouge, rouge_l_tokens, rouge_n_tokens, tokenize
+from sidecar.tools.simulator.rouge import Score, as_json, lcs_length, rouge, rouge_l_tokens, rouge_n_tokens, tokenize
 
 DATA = Path(__file__).parent / "data" / "optimouse_rouge.json"
 

@@ -12,16 +12,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.demo.replay import event_id
 from sidecar.events import decode_event
 from sidecar.judge.chat import ChatMessage
-from sidecar.simulator.agents import AssistantAgent, SummaryChecker, UserAgent
-from sidecar.simulator.config import SimulatorConfig
-from sidecar.simulator.dialogue import Dialogue
-from sidecar.simulator.goals import GoalSpec
-from sidecar.simulator.metrics import SimulatorMetrics
-from sidecar.simulator.runner import RunPlan, run_summary, simulate_all
-from sidecar.simulator.sinks import JsonlEventSink, RatePacer
+from sidecar.tools.demo.replay import event_id
+from sidecar.tools.simulator.agents import AssistantAgent, SummaryChecker, UserAgent
+from sidecar.tools.simulator.config import SimulatorConfig
+from sidecar.tools.simulator.dialogue import Dialogue
+from sidecar.tools.simulator.goals import GoalSpec
+from sidecar.tools.simulator.metrics import SimulatorMetrics
+from sidecar.tools.simulator.runner import RunPlan, run_summary, simulate_all
+from sidecar.tools.simulator.sinks import JsonlEventSink, RatePacer
 from tests.simulator.fakes import ScriptedChat, is_user_agent
 
 

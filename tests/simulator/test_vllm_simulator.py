@@ -15,14 +15,14 @@ from prometheus_client import CollectorRegistry
 from sidecar.events import decode_event
 from sidecar.judge.chat import ChatMessage, ChatReply, OpenAIChatClient
 from sidecar.judge.config import ChatEndpointConfig
-from sidecar.simulator.agents import AssistantAgent, SummaryChecker, UserAgent
-from sidecar.simulator.cli import run_simulation
-from sidecar.simulator.config import SimulatorConfig
-from sidecar.simulator.dialogue import Dialogue
-from sidecar.simulator.goals import GoalSpec
-from sidecar.simulator.metrics import SimulatorMetrics
-from sidecar.simulator.runner import RunPlan, simulate_all
-from sidecar.simulator.sinks import JsonlEventSink
+from sidecar.tools.simulator.agents import AssistantAgent, SummaryChecker, UserAgent
+from sidecar.tools.simulator.cli import run_simulation
+from sidecar.tools.simulator.config import SimulatorConfig
+from sidecar.tools.simulator.dialogue import Dialogue
+from sidecar.tools.simulator.goals import GoalSpec
+from sidecar.tools.simulator.metrics import SimulatorMetrics
+from sidecar.tools.simulator.runner import RunPlan, simulate_all
+from sidecar.tools.simulator.sinks import JsonlEventSink
 from tests.support.vllm_server import VllmServer
 
 GOALS = [

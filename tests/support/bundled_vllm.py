@@ -1,7 +1,7 @@
 """A real vLLM server (CPU build) on the bundled, trained model, as a pytest plugin.
 
 Fixture ``bundled_vllm`` (session scope): the base model and completion adapter committed under
-``adapters/artifacts/``, served as ``sidecar demo`` serves them (``sidecar.demo.models``), and
+``adapters/artifacts/``, served as ``sidecar demo`` serves them (``sidecar.tools.demo.models``), and
 the scoring configuration the demo uses (:func:`scoring_config`). Claims about what the bundled
 model does on real conversations (structure forgery, the uncertain-turn rate) are tested on it;
 protocol tests use the tiny random model of :mod:`tests.support.vllm_server` instead.
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.demo import models
 from sidecar.scoring.config import ScoringConfig
+from sidecar.tools.demo import models
 
 ATTACH_ENV = "SIDECAR_TEST_BUNDLED_VLLM_URL"
 

@@ -77,7 +77,7 @@ class TinyModel:
 def build_tokenizer(out_dir: Path) -> Path:
     """Train a byte-level BPE on the built-in corpus and save it with ``transformers``."""
     # Imported lazily (here and below): the pytest plugin imports this module for its constants.
-    from adapters.tokenizer import train_tokenizer
+    from adapters.data.tokenizer import train_tokenizer
 
     tok = train_tokenizer(_CORPUS * 4, VOCAB_SIZE, special_tokens=SPECIAL_TOKENS)
     tok.save(str(out_dir / "tokenizer.json"))

@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.scoring.local_vllm import LocalVllmServer, LocalVllmSpec, free_port
+from sidecar.tools.local_vllm import LocalVllmServer, LocalVllmSpec, free_port
 from tests.support.tiny_model import END_TAG, TinyModel
 
 BASE_MODEL = "base"

@@ -6,7 +6,7 @@ MIT), ranks each source's conversations by a hash of their id and takes the firs
 length, strips tau-bench's ``###STOP###`` simulator token, and keeps only the schema fields the
 demo needs plus a tiny whitelist of outcome labels from ``meta``.
 
-    python tests/tools/build_demo_sample.py            # write sidecar/demo/data/
+    python tests/tools/build_demo_sample.py            # write sidecar/tools/demo/data/
     python tests/tools/build_demo_sample.py --out DIR  # write elsewhere (the test compares bytes)
 
 The shared datasets are found at ``$SIDECAR_SHARED_DIR/datasets`` or ``<repo>/../shared/datasets``.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-OUT_DIR = REPO / "sidecar" / "demo" / "data"
+OUT_DIR = REPO / "sidecar" / "tools" / "demo" / "data"
 STOP_TOKEN = "###STOP###"
 META_WHITELIST = ("completion_level", "completed", "user_reported_task_success", "reward", "success")
 

@@ -18,10 +18,10 @@ import aiohttp
 from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, Counter
 
-from sidecar.demo.mock_cluster import MockKafkaCluster
-from sidecar.demo.replay import conversation_events, encode, interleave, load_sample, produce
 from sidecar.telemetry.config import HttpConfig
 from sidecar.telemetry.http import HttpServer
+from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import conversation_events, encode, interleave, load_sample, produce
 
 
 def _events(rounds: int) -> list[dict[str, object]]:

@@ -15,7 +15,7 @@ def test_committed_sample_and_attribution_are_reproducible(corpora: Path) -> Non
     assert (OUT_DIR / "sample.jsonl.gz").read_bytes() == data
     assert (OUT_DIR / "ATTRIBUTION.md").read_text(encoding="utf-8") == attribution
     # The same bytes are what the installed package ships.
-    assert resources.files("sidecar.demo").joinpath("data/sample.jsonl.gz").read_bytes() == data
+    assert resources.files("sidecar.tools.demo").joinpath("data/sample.jsonl.gz").read_bytes() == data
 
 
 def test_sample_content_is_small_clean_and_attributed(corpora: Path) -> None:
