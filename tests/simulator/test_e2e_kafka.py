@@ -25,7 +25,7 @@ from sidecar.state.hooks import CompositeHooks
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.simulator.cli import run_simulation
 from sidecar.tools.simulator.config import SimulatorConfig
-from sidecar.tools.simulator.sinks import KafkaEventSink
+from sidecar.tools.simulator.writers import KafkaEventWriter
 from tests.integration.kafka_support import read_topic
 from tests.integration.test_kafka_source import Running, config
 from tests.support.vllm_server import VllmServer
@@ -71,7 +71,7 @@ async def test_every_simulated_conversation_is_seen_scored_and_finalised(
         try:
             await asyncio.wait_for(running.ready.wait(), 60)
             sim = SimulatorConfig(user=ep, assistant=ep, max_turns=3, concurrency=3, rate=100)
-            convs = await run_simulation(sim, goals, KafkaEventSink(bs, TOPIC), limit=None, max_file_bytes=10**6,
+            convs = await run_simulation(sim, goals, KafkaEventWriter(bs, TOPIC), limit=None, max_file_bytes=10**6,
                                          id_prefix="e2e-")  # fmt: skip
             await running.wait_for("sidecar_hooks_fired_total", len(convs), limit_seconds=300,
                                    kind="conversation_ended")  # fmt: skip

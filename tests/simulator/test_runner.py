@@ -21,7 +21,7 @@ from sidecar.tools.simulator.dialogue import Dialogue
 from sidecar.tools.simulator.goals import GoalSpec
 from sidecar.tools.simulator.metrics import SimulatorMetrics
 from sidecar.tools.simulator.runner import RunPlan, run_summary, simulate_all
-from sidecar.tools.simulator.sinks import JsonlEventSink, RatePacer
+from sidecar.tools.simulator.writers import JsonlEventWriter, RatePacer
 from tests.simulator.fakes import ScriptedChat, is_user_agent
 
 
@@ -37,15 +37,15 @@ def make_dialogue(**cfg: Any) -> Dialogue:
 
 async def simulate(tmp_path: Path, goals: int, *, turns: int, concurrency: int, rate: float | None = None,
                    registry: CollectorRegistry | None = None) -> tuple[list[dict[str, Any]], Any]:  # fmt: skip
-    sink = JsonlEventSink(tmp_path / "events.jsonl")
-    await sink.start()
+    writer = JsonlEventWriter(tmp_path / "events.jsonl")
+    await writer.start()
     specs = [GoalSpec(f"g{i}", f"goal number {i}") for i in range(goals)]
     plan = RunPlan("shop", "acme", concurrency, rate, "sim-t-")
     metrics = SimulatorMetrics(registry or CollectorRegistry())
     try:
-        convs = await simulate_all(specs, make_dialogue(max_turns=turns), sink, plan, metrics)
+        convs = await simulate_all(specs, make_dialogue(max_turns=turns), writer, plan, metrics)
     finally:
-        await sink.stop()
+        await writer.stop()
     lines = (tmp_path / "events.jsonl").read_bytes().splitlines()
     return [json.loads(x) for x in lines], convs
 
@@ -103,10 +103,10 @@ async def test_a_conversation_that_never_started_emits_nothing(tmp_path: Path) -
 
     chat = ScriptedChat(failing)
     dialogue = Dialogue(SimulatorConfig(), UserAgent(chat), AssistantAgent(chat, "builtin"), SummaryChecker(chat))
-    sink = JsonlEventSink(tmp_path / "e.jsonl")
-    await sink.start()
-    convs = await simulate_all([GoalSpec("g", "goal")], dialogue, sink, RunPlan("a", None, 1, None, "p-"),
+    writer = JsonlEventWriter(tmp_path / "e.jsonl")
+    await writer.start()
+    convs = await simulate_all([GoalSpec("g", "goal")], dialogue, writer, RunPlan("a", None, 1, None, "p-"),
                                SimulatorMetrics(CollectorRegistry()))  # fmt: skip
-    await sink.stop()
+    await writer.stop()
     assert convs[0].end_reason == "error" and convs[0].error == "http_400"
     assert (tmp_path / "e.jsonl").read_bytes() == b""

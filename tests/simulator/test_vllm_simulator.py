@@ -22,7 +22,7 @@ from sidecar.tools.simulator.dialogue import Dialogue
 from sidecar.tools.simulator.goals import GoalSpec
 from sidecar.tools.simulator.metrics import SimulatorMetrics
 from sidecar.tools.simulator.runner import RunPlan, simulate_all
-from sidecar.tools.simulator.sinks import JsonlEventSink
+from sidecar.tools.simulator.writers import JsonlEventWriter
 from tests.support.vllm_server import VllmServer
 
 GOALS = [
@@ -52,7 +52,7 @@ async def test_turn_limits_hold_and_events_are_valid(vllm_server: VllmServer, tm
     ep = endpoint(vllm_server)
     cfg = SimulatorConfig(user=ep, assistant=ep, max_turns=3, concurrency=3)
     registry = CollectorRegistry()
-    convs = await run_simulation(cfg, goals_file(tmp_path), JsonlEventSink(tmp_path / "ev.jsonl"), limit=None,
+    convs = await run_simulation(cfg, goals_file(tmp_path), JsonlEventWriter(tmp_path / "ev.jsonl"), limit=None,
                                  max_file_bytes=10**6, id_prefix="sim-v-", registry=registry)  # fmt: skip
     assert len(convs) == 4
     for c in convs:
@@ -78,13 +78,13 @@ async def test_malformed_summary_checks_are_counted(vllm_server: VllmServer, tmp
     chat = OpenAIChatClient(ep)
     dialogue = Dialogue(cfg, UserAgent(chat), AssistantAgent(chat, "builtin"), SummaryChecker(chat))
     registry = CollectorRegistry()
-    sink = JsonlEventSink(tmp_path / "ev.jsonl")
-    await sink.start()
+    writer = JsonlEventWriter(tmp_path / "ev.jsonl")
+    await writer.start()
     try:
-        convs = await simulate_all([GoalSpec("g", GOALS[0])], dialogue, sink, RunPlan("a", None, 1, None, "s-"),
+        convs = await simulate_all([GoalSpec("g", GOALS[0])], dialogue, writer, RunPlan("a", None, 1, None, "s-"),
                                    SimulatorMetrics(registry))  # fmt: skip
     finally:
-        await sink.stop()
+        await writer.stop()
         await chat.aclose()
     (conv,) = convs
     assert conv.checks >= 1 and conv.costs["checker"].calls == conv.checks
@@ -122,13 +122,13 @@ async def test_cost_is_the_servers_token_count(vllm_server: VllmServer, tmp_path
     chat = Recording(inner)
     cfg = SimulatorConfig(user=ep, assistant=ep, max_turns=2)
     dialogue = Dialogue(cfg, UserAgent(chat), AssistantAgent(chat, "builtin"), SummaryChecker(chat))
-    sink = JsonlEventSink(tmp_path / "ev.jsonl")
-    await sink.start()
+    writer = JsonlEventWriter(tmp_path / "ev.jsonl")
+    await writer.start()
     try:
-        (conv,) = await simulate_all([GoalSpec("g", GOALS[1])], dialogue, sink, RunPlan("a", None, 1, None, "c-"),
+        (conv,) = await simulate_all([GoalSpec("g", GOALS[1])], dialogue, writer, RunPlan("a", None, 1, None, "c-"),
                                      SimulatorMetrics(CollectorRegistry()))  # fmt: skip
     finally:
-        await sink.stop()
+        await writer.stop()
         await inner.aclose()
     assert len(chat.log) == sum(c.calls for c in conv.costs.values()) >= 4
     for request, reply in chat.log:

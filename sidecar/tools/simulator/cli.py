@@ -36,7 +36,7 @@ from sidecar.tools.simulator.dialogue import Dialogue, SimulatedConversation
 from sidecar.tools.simulator.goals import load_goals
 from sidecar.tools.simulator.metrics import SimulatorMetrics
 from sidecar.tools.simulator.runner import RunPlan, run_summary, simulate_all
-from sidecar.tools.simulator.sinks import EventSink, JsonlEventSink, KafkaEventSink
+from sidecar.tools.simulator.writers import EventWriter, JsonlEventWriter, KafkaEventWriter
 
 EXIT_OK, EXIT_FAILURE = 0, 1
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -176,10 +176,10 @@ def simulator_config(args: argparse.Namespace) -> SimulatorConfig:
 
 
 async def run_simulation(
-    cfg: SimulatorConfig, goals_path: Path, sink: EventSink, *, limit: int | None, max_file_bytes: int,
+    cfg: SimulatorConfig, goals_path: Path, writer: EventWriter, *, limit: int | None, max_file_bytes: int,
     id_prefix: str, registry: CollectorRegistry | None = None,
 ) -> list[SimulatedConversation]:
-    """Load the goals, simulate them into ``sink`` (started and stopped here), return the conversations."""
+    """Load the goals, simulate them into ``writer`` (started and stopped here), return the conversations."""
     goals, stats = load_goals(goals_path, max_file_bytes=max_file_bytes, max_goal_chars=cfg.max_goal_chars,
                               limit=limit)
     if not goals:
@@ -193,10 +193,10 @@ async def run_simulation(
     plan = RunPlan(cfg.agent, cfg.tenant, cfg.concurrency, cfg.rate, id_prefix)
     metrics = SimulatorMetrics(registry or CollectorRegistry())
     try:
-        await sink.start()
-        return await simulate_all(goals, dialogue, sink, plan, metrics)
+        await writer.start()
+        return await simulate_all(goals, dialogue, writer, plan, metrics)
     finally:
-        await sink.stop()
+        await writer.stop()
         await user_client.aclose()
         if assistant_client is not user_client:
             await assistant_client.aclose()
@@ -210,18 +210,18 @@ def run_simulate_command(args: argparse.Namespace) -> int:
                        ("--summary", args.summary)):
         if path is not None and not path.parent.is_dir():
             raise ConfigError(f"{flag}: directory {path.parent} does not exist")
-    sink: EventSink = KafkaEventSink(args.kafka, args.topic) if args.kafka else JsonlEventSink(args.out)
+    writer: EventWriter = KafkaEventWriter(args.kafka, args.topic) if args.kafka else JsonlEventWriter(args.out)
     prefix = args.id_prefix if args.id_prefix is not None else f"sim-{int(time.time())}-"
     if not 0 < len(prefix) <= 200:
         raise ConfigError("--id-prefix must be 1-200 characters")
     t0 = time.monotonic()
     try:
-        convs = asyncio.run(run_simulation(cfg, args.goals, sink, limit=args.limit,
+        convs = asyncio.run(run_simulation(cfg, args.goals, writer, limit=args.limit,
                                            max_file_bytes=args.max_file_bytes, id_prefix=prefix))
     except (KafkaError, OSError) as exc:  # the destination, not the endpoints: those end conversations
         print(f"sidecar simulate: cannot write the events: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    events = getattr(sink, "sent", 0)
+    events = getattr(writer, "sent", 0)
     summary = {"goals": str(args.goals), "destination": f"kafka:{args.topic}" if args.kafka else str(args.out),
                **run_summary(convs, events, time.monotonic() - t0)}
     if args.conversations_out is not None:

@@ -2,7 +2,7 @@
 
 ``concurrency`` workers take goals in file order; each runs one :class:`Dialogue` at a time and
 emits every message as an event the moment it exists (and ``conversation_end`` when the dialogue
-ends), through one :class:`RatePacer` shared by the run. So the sink sees what a live agent
+ends), through one :class:`RatePacer` shared by the run. So the writer sees what a live agent
 produces: interleaved conversations, each in order, never faster than ``rate`` events per second.
 A conversation that failed before its first message emits nothing (a lone end event would only be
 dead-lettered).
@@ -20,7 +20,7 @@ from sidecar.tools.demo.replay import conversation_events
 from sidecar.tools.simulator.dialogue import END_REASONS, ROLES, Dialogue, SimulatedConversation
 from sidecar.tools.simulator.goals import GoalSpec
 from sidecar.tools.simulator.metrics import SimulatorMetrics
-from sidecar.tools.simulator.sinks import EventSink, RatePacer
+from sidecar.tools.simulator.writers import EventWriter, RatePacer
 from sidecar.transcript.model import Message
 
 
@@ -39,12 +39,12 @@ class ConversationEmitter:
     """One conversation's events, built by the demo replay's encoder as its messages arrive."""
 
     def __init__(
-        self, conversation_id: str, plan: RunPlan, sink: EventSink, pacer: RatePacer, metrics: SimulatorMetrics
+        self, conversation_id: str, plan: RunPlan, writer: EventWriter, pacer: RatePacer, metrics: SimulatorMetrics
     ) -> None:
         self.conversation_id = conversation_id
         self._agent = plan.agent
         self._tenant = plan.tenant
-        self._sink = sink
+        self._writer = writer
         self._pacer = pacer
         self._metrics = metrics
         self._turns: list[dict[str, Any]] = []
@@ -56,7 +56,7 @@ class ConversationEmitter:
 
     async def _emit(self, event: Mapping[str, Any]) -> None:
         await self._pacer.wait()
-        await self._sink.send({**event, "ts": time.time()})
+        await self._writer.send({**event, "ts": time.time()})
         self.sent += 1
         self._metrics.events.inc()
 
@@ -71,9 +71,9 @@ class ConversationEmitter:
 
 
 async def simulate_all(
-    goals: Sequence[GoalSpec], dialogue: Dialogue, sink: EventSink, plan: RunPlan, metrics: SimulatorMetrics
+    goals: Sequence[GoalSpec], dialogue: Dialogue, writer: EventWriter, plan: RunPlan, metrics: SimulatorMetrics
 ) -> list[SimulatedConversation]:
-    """Simulate one conversation per goal (results in goal order); the sink must be started."""
+    """Simulate one conversation per goal (results in goal order); the writer must be started."""
     pacer = RatePacer(plan.rate)
     results: list[SimulatedConversation | None] = [None] * len(goals)
     queue = iter(enumerate(goals))
@@ -81,7 +81,7 @@ async def simulate_all(
     async def worker() -> None:
         for i, goal in queue:
             cid = f"{plan.id_prefix}{i:06d}"
-            emitter = ConversationEmitter(cid, plan, sink, pacer, metrics)
+            emitter = ConversationEmitter(cid, plan, writer, pacer, metrics)
             conv = await dialogue.run(goal, cid, emitter.message)
             await emitter.end()
             _observe(metrics, conv)

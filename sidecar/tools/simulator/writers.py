@@ -4,7 +4,7 @@ Events are contract-v1 dicts built by :func:`sidecar.tools.demo.replay.conversat
 by :func:`sidecar.tools.demo.replay.encode` (the same key and value bytes the demo replay produces).
 
 Guarantees: one conversation's events are sent in order (each ``send`` is awaited before the
-conversation's next message exists); the Kafka sink produces with ``acks=all``, keyed by the
+conversation's next message exists); the Kafka writer produces with ``acks=all``, keyed by the
 conversation id, bounds the sends awaiting acknowledgement, and raises a delivery failure at the
 latest in ``stop()``. :class:`RatePacer` spaces all sends of a run at most ``rate`` per second.
 """
@@ -25,7 +25,7 @@ from sidecar.tools.demo.replay import encode
 _MAX_IN_FLIGHT = 1000
 
 
-class EventSink(Protocol):
+class EventWriter(Protocol):
     """A destination for events. ``start`` before the first ``send``; ``stop`` is idempotent."""
 
     async def start(self) -> None: ...
@@ -35,7 +35,7 @@ class EventSink(Protocol):
     async def stop(self) -> None: ...
 
 
-class JsonlEventSink:
+class JsonlEventWriter:
     """Events as JSON lines (the Kafka value bytes, one per line) in a file."""
 
     def __init__(self, path: Path) -> None:
@@ -49,7 +49,7 @@ class JsonlEventSink:
 
     async def send(self, event: Mapping[str, Any]) -> None:
         if self._fh is None:
-            raise RuntimeError("JsonlEventSink.send before start")
+            raise RuntimeError("JsonlEventWriter.send before start")
         _, value = encode(event)
         self._fh.write(value + b"\n")
         self.sent += 1
@@ -60,7 +60,7 @@ class JsonlEventSink:
             fh.close()
 
 
-class KafkaEventSink:
+class KafkaEventWriter:
     """Events to a Kafka topic (key: conversation id; ``acks=all``)."""
 
     def __init__(self, bootstrap_servers: str, topic: str, client_id: str = "sidecar-simulator") -> None:
@@ -85,7 +85,7 @@ class KafkaEventSink:
 
     async def send(self, event: Mapping[str, Any]) -> None:
         if self._producer is None:
-            raise RuntimeError("KafkaEventSink.send before start")
+            raise RuntimeError("KafkaEventWriter.send before start")
         key, value = encode(event)
         self._in_flight.add(await self._producer.send(self.topic, value=value, key=key))
         self.sent += 1
