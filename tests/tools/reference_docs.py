@@ -1,7 +1,8 @@
-"""Generate the README's configuration and metrics references from the code.
+"""Generate the configuration and metrics references in docs/ from the code.
 
-``python -m tests.tools.reference_docs`` rewrites the marked sections of README.md;
-``tests/tools/test_reference_docs.py`` fails when the README is out of date.
+``python -m tests.tools.reference_docs`` rewrites the marked sections of docs/configuration.md and
+docs/metrics.md (``--check``: only report, exit 1 when one is stale);
+``tests/tools/test_reference_docs.py`` fails when either is out of date.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import importlib
 import re
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,9 @@ from pydantic import BaseModel, SecretStr
 
 from sidecar.config import SidecarConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+CONFIG_DOC = DOCS / "configuration.md"
+METRICS_DOC = DOCS / "metrics.md"
 METRIC_CLASSES = [
     "sidecar.telemetry.stream_metrics:StreamMetrics",
     "sidecar.telemetry.http:HttpMetrics",
@@ -95,26 +99,45 @@ def metrics_reference() -> str:
     return "\n".join(lines)
 
 
-SECTIONS = {"config-reference": config_reference, "metrics-reference": metrics_reference}
+# Marker name -> the file holding it and the function that renders its table.
+SECTIONS: dict[str, tuple[Path, Callable[[], str]]] = {
+    "config-reference": (CONFIG_DOC, config_reference),
+    "metrics-reference": (METRICS_DOC, metrics_reference),
+}
 
 
-def render(readme: str) -> str:
-    for name, fn in SECTIONS.items():
+def render(text: str, path: Path) -> str:
+    """``text`` (the content of ``path``) with every generated section that belongs to it filled in."""
+    for name, (doc, fn) in SECTIONS.items():
+        if doc != path:
+            continue
         start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-        if start not in readme or end not in readme:
-            raise SystemExit(f"README.md lacks the {start} ... {end} markers")
-        before, rest = readme.split(start, 1)
+        if start not in text or end not in text:
+            raise SystemExit(f"{path.name} lacks the {start} ... {end} markers")
+        before, rest = text.split(start, 1)
         _, after = rest.split(end, 1)
-        readme = f"{before}{start}\n{fn()}\n{end}{after}"
-    return readme
+        text = f"{before}{start}\n{fn()}\n{end}{after}"
+    return text
+
+
+def documents() -> list[Path]:
+    """The files that hold generated sections."""
+    return sorted({doc for doc, _ in SECTIONS.values()})
 
 
 def main() -> int:
-    text = README.read_text(encoding="utf-8")
-    new = render(text)
+    stale = []
+    for path in documents():
+        text = path.read_text(encoding="utf-8")
+        new = render(text, path)
+        if new != text:
+            stale.append(path)
+            if "--check" not in sys.argv:
+                path.write_text(new, encoding="utf-8")
     if "--check" in sys.argv:
-        return 0 if new == text else 1
-    README.write_text(new, encoding="utf-8")
+        for path in stale:
+            print(f"stale: {path.relative_to(DOCS.parent)}", file=sys.stderr)
+        return 1 if stale else 0
     return 0
 
 

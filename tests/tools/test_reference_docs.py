@@ -1,19 +1,57 @@
-"""The README's configuration and metrics tables are generated from the code and must match it."""
+"""The configuration and metrics references in docs/ are generated from the code and must match it."""
 
 from __future__ import annotations
 
-from tests.tools.reference_docs import README, config_reference, metrics_reference, render
+from pathlib import Path
+
+import pytest
+
+from tests.tools.reference_docs import (
+    CONFIG_DOC,
+    METRICS_DOC,
+    config_reference,
+    documents,
+    metrics_reference,
+    render,
+)
 
 
-def test_readme_references_are_current() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert render(text) == text, "README is stale: run `.venv/bin/python -m tests.tools.reference_docs`"
+@pytest.mark.parametrize("path", documents(), ids=lambda p: p.name)
+def test_references_are_current(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert render(text, path) == text, f"{path.name} is stale: run `.venv/bin/python -m tests.tools.reference_docs`"
+
+
+def test_stale_table_is_detected() -> None:
+    """The drift check can fail: a row missing from the committed table is put back by render()."""
+    text = CONFIG_DOC.read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| `kafka.topic`"))
+    stale = text.replace(row + "\n", "", 1)
+    assert render(stale, CONFIG_DOC) != stale
+    assert render(stale, CONFIG_DOC) == text
+
+
+def test_missing_markers_are_an_error() -> None:
+    with pytest.raises(SystemExit, match="config-reference"):
+        render("# Configuration reference\n\nno table here\n", CONFIG_DOC)
+
+
+def test_each_reference_lives_in_its_own_file() -> None:
+    assert "<!-- config-reference:start -->" in CONFIG_DOC.read_text(encoding="utf-8")
+    assert "<!-- metrics-reference:start -->" in METRICS_DOC.read_text(encoding="utf-8")
+    assert "config-reference" not in METRICS_DOC.read_text(encoding="utf-8")
 
 
 def test_references_cover_every_section_and_metric() -> None:
     cfg = config_reference()
-    for key in ("kafka.topic", "state.idle_ttl_seconds", "http.port", "logging.format", "scoring.enabled",
-                "clustering.enabled"):
+    for key in (
+        "kafka.topic",
+        "state.idle_ttl_seconds",
+        "http.port",
+        "logging.format",
+        "scoring.enabled",
+        "clustering.enabled",
+    ):
         assert f"`{key}`" in cfg
     metrics = metrics_reference()
     assert "`sidecar_events_consumed_total`" in metrics
