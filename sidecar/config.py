@@ -33,7 +33,7 @@ MASK = "**********"
 
 
 class SidecarConfig(BaseSettings):
-    """Everything the sidecar can be told. See the README's configuration reference."""
+    """Everything the sidecar can be told. See docs/configuration.md."""
 
     model_config = SettingsConfigDict(
         env_prefix="SIDECAR_",

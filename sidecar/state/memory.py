@@ -6,7 +6,7 @@ in 1, 2 or 4 bytes per character depending on its widest character, so one emoji
 The estimate counts every object a message owns (the message, its content, name and tool calls)
 plus its slots in the conversation's arrays; small strings shared by interning are counted in
 full, so the estimate errs high. ``tests/stream/test_memory.py`` checks it against
-``tracemalloc`` and the README's memory section against a running process's RSS.
+``tracemalloc`` and docs/guarantees.md (Bounded memory) against a running process's RSS.
 """
 
 from __future__ import annotations

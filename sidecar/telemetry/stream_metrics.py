@@ -1,4 +1,4 @@
-"""Metrics of the streaming core (source, state, processor). Names follow the README's spec.
+"""Metrics of the streaming core (source, state, processor). Names follow docs/metrics.md.
 
 The ones updated once or more per record use the lock-free families of :mod:`sidecar.telemetry.hot`
 (the processor runs on the event-loop thread); the rest are prometheus_client's own.

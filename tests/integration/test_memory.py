@@ -25,7 +25,7 @@ QUEUE = 2 * MIB
 FETCH = 4 * MIB
 # What the process may add on top of the state budget: the bounded fetch buffers (the client's
 # and each partition's queue), records being decoded, the results producer's buffer, and the
-# allocator's slack. Derived in the README's memory section; the test checks the sum.
+# allocator's slack. Derived in docs/guarantees.md (Bounded memory); the test checks the sum.
 ALLOWANCE = FETCH + 4 * QUEUE + 24 * MIB
 
 

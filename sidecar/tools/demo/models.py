@@ -54,7 +54,7 @@ def scoring_overrides(server: LocalVllmServer) -> dict[str, Any]:
 # The bundled 4 M-parameter model spreads its next-token probability thinly: at the paper's alpha
 # of 0.1 every one of 301 trees on the sample had a single leaf (no alternative ever reached a path
 # probability of 0.1), so the tree said nothing. At 0.05, 18 % have one leaf, the median is 2 and
-# the most 4, for 2x the tokens (tests/bench/bench_tree_stats.py; README, Escalation alerts).
+# the most 4, for 2x the tokens (tests/bench/bench_tree_stats.py; docs/alerts.md).
 DEMO_TREE_ALPHA = 0.05
 
 
