@@ -376,3 +376,46 @@ async def test_a_dead_vllm_health_task_fails_readyz() -> None:
             assert "vllm-health" in json.dumps(body)
         finally:
             await client.stop()
+
+
+async def test_in_the_app_a_dead_vllm_health_fails_readyz_by_default(
+    kafka: str, tok_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``http.readiness: process`` a vLLM outage does not gate; a dead probe loop does."""
+    from sidecar.app import run_app
+    from sidecar.config import load_config
+    from tests.integration.kafka_support import write_config
+
+    real_probe = VllmClient.probe
+    probes = 0
+
+    async def probe_then_fail(self: VllmClient) -> bool:
+        nonlocal probes
+        probes += 1
+        if probes > 1:
+            raise RuntimeError("a bug in the probe path")
+        return await real_probe(self)
+
+    monkeypatch.setattr(VllmClient, "probe", probe_then_fail)
+    port = _closed_port()
+    vllm = {"base_url": f"http://127.0.0.1:{_closed_port()}/v1", "health_check_interval_seconds": 0.05}
+    scoring = {"enabled": True, "tokenizer": {"model_dir": str(tok_dir)}, "vllm": vllm}
+    config = load_config(write_config(tmp_path / "c.yaml", kafka, "dead-probe", http={"port": port}, scoring=scoring))
+    ready, stop = asyncio.Event(), asyncio.Event()
+    app = asyncio.create_task(run_app(config, ready=ready, stop=stop, registry=CollectorRegistry()))
+    try:
+        async with asyncio.timeout(60):
+            await ready.wait()
+            while True:
+                status, body = await _readyz(port)
+                checks = {c["name"]: c for c in body["checks"]}
+                if checks["kafka"]["ready"] and probes > 1:
+                    break
+                await asyncio.sleep(0.1)
+        assert status == 503, body
+        tasks = {"name": "tasks", "ready": False, "gates": True, "detail": "vllm-health raised RuntimeError"}
+        assert checks["tasks"] == tasks
+        assert checks["vllm"]["ready"] is False
+    finally:
+        stop.set()
+        await asyncio.wait_for(app, 60)
