@@ -1,4 +1,8 @@
-"""Wiring only: build the components from the config and supervise them in one TaskGroup."""
+"""Wiring only: build the components from the config and supervise them in one TaskGroup.
+
+The TaskGroup is the :class:`~sidecar.supervision.Supervisor`'s: see :mod:`sidecar.supervision`
+for who owns which task and how a task that dies shows on ``/readyz``.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from sidecar.lifecycle import Component, HealthReporter, stop_requested_early
 from sidecar.source.kafka import KafkaEventSource
 from sidecar.stage.pipeline import OutcomeSink, PostScoreStage
 from sidecar.state.hooks import CompositeHooks, ConversationHooks, RecordingHooks
+from sidecar.supervision import Supervised, Supervisor, stop_all
 from sidecar.telemetry.http import HttpServer, PageRoute
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.telemetry.logging import configure_logging
@@ -142,34 +147,44 @@ async def run_app(
         assembly.hooks = hooks
     stage = PostScoreStage(assembly.sinks, on_sink_error=lambda name: metrics.sink_errors.labels(name).inc())
     source = KafkaEventSource(config.kafka, config.state, assembly.hooks, metrics, stage)
-    http = HttpServer(
-        config.http, registry, [source, *assembly.health], assembly.json_routes, page_routes=assembly.page_routes
-    )
     stop = stop or asyncio.Event()
+    # A fatal task (the source, the loop-lag probe) raising stops the app like a SIGTERM would;
+    # running() raises its exception once the shutdown below is done.
+    supervisor = Supervisor(on_fatal=stop.set)
+    http = HttpServer(
+        config.http,
+        registry,
+        [source, *assembly.health, supervisor],
+        assembly.json_routes,
+        page_routes=assembly.page_routes,
+    )
     tune_gc()
     started: list[Component] = []
-    try:
-        await http.start()
-        for component in assembly.components:
-            await component.start()
-            started.append(component)
-        await source.start()
-        log.info("sidecar.started", topic=config.kafka.topic, group=config.kafka.group_id, http_port=http.port)
-        if ready is not None:
-            ready.set()
-        async with asyncio.TaskGroup() as tg:
-            runner = tg.create_task(source.run(), name="kafka-source")
-            probe = tg.create_task(lag.run(), name="loop-lag")
+    # Every background task, the components' own included (they spawn them in start()), lives in
+    # the supervisor's TaskGroup from here on.
+    async with supervisor.running():
+        pipeline: list[Supervised] = []
+        try:
+            await http.start()
+            for component in assembly.components:
+                await component.start()
+                started.append(component)
+            await source.start()
+            log.info("sidecar.started", topic=config.kafka.topic, group=config.kafka.group_id, http_port=http.port)
+            if ready is not None:
+                ready.set()
+            pipeline.append(supervisor.spawn("kafka-source", source.run, fatal=True))
+            pipeline.append(supervisor.spawn("loop-lag", lag.run, fatal=True))
             await stop.wait()
-            runner.cancel()
-            probe.cancel()
-    finally:
-        # Source first: it drains and commits while the scorers can still finish effects.
-        await source.stop()
-        for component in reversed(started):
-            await component.stop()
-        await http.stop()
-        log.info("sidecar.stopped")
+        finally:
+            # The source's loops end first; then the source drains and commits while the scorers
+            # can still finish effects; then the components, each stopping its own tasks.
+            await stop_all(pipeline)
+            await source.stop()
+            for component in reversed(started):
+                await component.stop()
+            await http.stop()
+            log.info("sidecar.stopped")
 
 
 def run_forever(config: SidecarConfig, hooks: ConversationHooks | None = None) -> int:

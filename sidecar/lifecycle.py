@@ -33,9 +33,10 @@ def stop_requested_early() -> bool:
 class Component(Protocol):
     """A piece of the pipeline with a start/stop lifecycle.
 
-    Guarantees: ``start()`` returns quickly (long work goes into tasks the caller supervises);
-    ``stop()`` is idempotent and safe to call without a prior ``start()``; neither swallows
-    ``asyncio.CancelledError``.
+    Guarantees: ``start()`` returns quickly (long work goes into named tasks started with
+    :func:`sidecar.supervision.spawn`, which the application's supervisor owns); ``stop()`` is
+    idempotent, safe to call without a prior ``start()``, and leaves no task of the component
+    running; neither swallows ``asyncio.CancelledError``.
     """
 
     async def start(self) -> None: ...

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from sidecar.clustering.config import ClusteringEmbeddingConfig
 from sidecar.errors import ConfigError, PermanentError, RetryableError
+from sidecar.supervision import Supervised, spawn
 
 Matrix = npt.NDArray[np.float32]
 MAX_EMBED_CHARS = 4000
@@ -147,15 +148,26 @@ class EmbedBatcher:
         self._max = max_batch
         self._window = window_seconds
         self._queue: list[tuple[str, asyncio.Future[npt.NDArray[np.float32]]]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._task: Supervised | None = None
         self.batches = 0
 
     async def embed_one(self, text: str) -> npt.NDArray[np.float32]:
         fut: asyncio.Future[npt.NDArray[np.float32]] = asyncio.get_running_loop().create_future()
         self._queue.append((text, fut))
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._flush(), name="clustering.embed_batcher")
+            # One flush per burst: it ends once the queue is empty, so ending is not a death.
+            self._task = spawn("clustering.embed_batcher", self._flush, until_cancelled=False)
         return await fut
+
+    async def stop(self) -> None:
+        """Cancel the flush in progress and every request still queued. Idempotent."""
+        task, self._task = self._task, None
+        if task is not None:
+            await task.stop()
+        # A flush cancelled before it ran has not cancelled the queue itself.
+        queued, self._queue = self._queue, []
+        for _, fut in queued:
+            fut.cancel()
 
     def _checked(self, texts: list[str]) -> Matrix:
         vecs = self._embedder.embed(texts)

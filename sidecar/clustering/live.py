@@ -47,6 +47,7 @@ from sidecar.clustering.reservoir import Reservoir, ReservoirItem
 from sidecar.lifecycle import Health
 from sidecar.stage.events import CompletionScored, Effect, GoalAssigned, Scored
 from sidecar.state.hooks import HookResult, Outcome, TurnContext
+from sidecar.supervision import Supervised, spawn
 
 log = structlog.get_logger()
 
@@ -128,7 +129,7 @@ class GoalClusterer:
         self._convs: OrderedDict[str, _Conv] = OrderedDict()
         self._pending: OrderedDict[str, asyncio.Future[str | None]] = OrderedDict()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._task: Supervised | None = None
         self._run_lock = asyncio.Lock()
         self._baseline = 0.0
         self._ema: float | None = None
@@ -149,14 +150,13 @@ class GoalClusterer:
     async def start(self) -> None:
         if not self._cfg.enabled or self._task is not None:
             return
-        self._task = asyncio.create_task(self._loop(), name="clustering.scheduler")
+        self._task = spawn("clustering.scheduler", self._loop)
 
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            # gather() hands back the task's own CancelledError but still propagates ours.
-            await asyncio.gather(task, return_exceptions=True)
+            await task.stop()
+        await self._batcher.stop()
         aclose = getattr(self._llm, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -164,7 +164,7 @@ class GoalClusterer:
     def health(self) -> Health:
         if not self._cfg.enabled:
             return Health("clustering", True, "disabled")
-        crashed = self._task is not None and self._task.done()
+        crashed = self._task is not None and self._task.done()  # the scheduler loop only ends by dying
         detail = f"{len(self._clusters)} clusters, {len(self._reservoir)} in reservoir"
         if self._last_error:
             detail += f", last error: {self._last_error}"

@@ -36,6 +36,7 @@ from sidecar.lifecycle import Health
 from sidecar.scoring.config import VllmEndpointConfig
 from sidecar.scoring.metrics import VllmMetrics
 from sidecar.scoring.resilience import BREAKER_STATE_VALUE, CircuitBreaker, backoff_delay
+from sidecar.supervision import Supervised, spawn
 
 log = structlog.get_logger()
 
@@ -204,26 +205,24 @@ class VllmClient:
         self.metrics.breaker.set_function(lambda: BREAKER_STATE_VALUE[self.breaker.state])
         self._healthy = False
         self._last_health_detail = "not probed yet"
-        self._health_task: asyncio.Task[None] | None = None
+        self._health_task: Supervised | None = None
         self._http: httpx.AsyncClient | None = http_client
         self._owns_http = http_client is None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the background ``/health`` probe; returns at once."""
+        """Start the background ``/health`` probe (task ``vllm-health``); returns at once."""
         if self._health_task is None:
             if self._http is None:
                 self._http = httpx.AsyncClient(timeout=self._config.connect_timeout_seconds)
-            self._health_task = asyncio.create_task(self._probe_loop(), name="vllm-health")
+            self._health_task = spawn("vllm-health", self._probe_loop)
 
     async def stop(self) -> None:
         """Stop the probe and close connections; idempotent."""
         task, self._health_task = self._health_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await task.stop()
         if self._owns_http and self._http is not None:
             http, self._http = self._http, None
             await http.aclose()
@@ -254,6 +253,9 @@ class VllmClient:
             await asyncio.sleep(self._config.health_check_interval_seconds)
 
     def health(self) -> Health:
+        probe = self._health_task
+        if probe is not None and probe.death is not None:  # its last answer is stale from now on
+            return Health("vllm", False, f"vllm-health task {probe.death}")
         state = self.breaker.state
         ready = self._healthy and state != "open"
         detail = self._last_health_detail if state == "closed" else f"{self._last_health_detail}; breaker {state}"

@@ -5,7 +5,9 @@
 * ``GET /healthz``: 200 whenever the event loop gets to answer (liveness).
 * ``GET /readyz``: 200 iff every *gating* :class:`~sidecar.lifecycle.HealthReporter` reports
   ready, else 503; the JSON body lists each check with ``ready``, ``gates`` and ``detail``. By
-  default (``http.readiness: process``) only the core checks (the Kafka source) gate.
+  default (``http.readiness: process``) only the core checks gate: the Kafka source, and the
+  supervised background tasks (``tasks``: a task that died fails readiness with its name, see
+  :mod:`sidecar.supervision`).
 * ``GET /<name>`` for each JSON route (``/clusters``...): the callable's result as JSON.
 * ``GET /<name>`` and ``GET /<name>/<param>`` for each page route (``/escalations``,
   ``/trees/<alert id>``): an HTML or SVG :class:`Page`. A path parameter must fully match the
@@ -38,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import choose_encoder
 
 from sidecar.lifecycle import Health, HealthReporter
+from sidecar.supervision import TASKS_CHECK
 from sidecar.telemetry.config import HttpConfig
 
 log = structlog.get_logger()
@@ -159,7 +162,7 @@ class HttpServer:
         health: Sequence[HealthReporter],
         json_routes: Mapping[str, JsonRoute] | None = None,
         *,
-        core_checks: Sequence[str] = ("kafka",),
+        core_checks: Sequence[str] = ("kafka", TASKS_CHECK),
         page_routes: Mapping[str, PageRoute] | None = None,
     ) -> None:
         routes = dict(json_routes or {})

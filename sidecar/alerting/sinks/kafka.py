@@ -26,6 +26,7 @@ from sidecar.lifecycle import Health
 from sidecar.retry import Backoff
 from sidecar.source.config import KafkaConfig
 from sidecar.source.writers import client_kwargs
+from sidecar.supervision import Supervised, spawn
 
 log = structlog.get_logger(__name__)
 
@@ -55,7 +56,7 @@ class KafkaAlertSink:
         self._cfg = cfg
         self._retry = retry or RetryConfig()
         self._factory = producer_factory or (lambda: make_alert_producer(kafka))
-        self._task: asyncio.Task[None] | None = None
+        self._task: Supervised | None = None
         self._producer: AIOKafkaProducer | None = None
         self._ready = asyncio.Event()
         self._link = DestinationHealth(self.name)  # until the producer has started
@@ -64,7 +65,8 @@ class KafkaAlertSink:
 
     async def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._connect(), name="alert-sink-kafka")
+            # Ends once connected: only a failure is a death.
+            self._task = spawn("alert-sink-kafka", self._connect, until_cancelled=False)
 
     async def _connect(self) -> None:
         backoff = Backoff(self._retry.initial_backoff_seconds, self._retry.max_backoff_seconds)
@@ -92,8 +94,7 @@ class KafkaAlertSink:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.wait({task})  # never raises the task's CancelledError; our own propagates
+            await task.stop()  # never raises the task's CancelledError; our own propagates
         producer, self._producer = self._producer, None
         self._ready.clear()
         if producer is not None:
@@ -134,8 +135,8 @@ class KafkaAlertSink:
         task = self._task
         if task is None:
             return Health(self.name, False, "not started")
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            return Health(self.name, False, f"connection task failed: {type(task.exception()).__name__}")
+        if task.error is not None:
+            return Health(self.name, False, f"connection task failed: {type(task.error).__name__}")
         if self._link.failing:
             return self._link.health()
         return self._acks.health(f"producing to {self._cfg.topic}")

@@ -37,6 +37,7 @@ from sidecar.alerting.sinks.base import AlertDeliveryError, AlertRejected
 from sidecar.errors import ConfigError
 from sidecar.lifecycle import Health
 from sidecar.retry import Backoff
+from sidecar.supervision import Supervised, spawn
 
 log = structlog.get_logger(__name__)
 
@@ -141,7 +142,7 @@ class MqttAlertSink:
         self._retry = retry or RetryConfig()
         self._tls = _tls_context(cfg)
         self._v5 = cfg.protocol == "5"
-        self._task: asyncio.Task[None] | None = None
+        self._task: Supervised | None = None
         self._client: _Client | None = None
         self._connected = asyncio.Event()
         # Two reasons to be unready: no connection (the task's view), or publishes not acknowledged
@@ -154,17 +155,16 @@ class MqttAlertSink:
 
     async def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="alert-sink-mqtt")
+            self._task = spawn("alert-sink-mqtt", self._run)
 
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        # asyncio.wait never raises the task's own CancelledError; a cancellation of stop() propagates.
-        await asyncio.wait({task})
-        if not task.cancelled() and task.exception() is not None:
-            log.error("alert.mqtt.task_failed", error=type(task.exception()).__name__)
+        # Never raises the task's own CancelledError; a cancellation of stop() propagates.
+        await task.stop()
+        if task.error is not None:
+            log.error("alert.mqtt.task_failed", error=type(task.error).__name__)
 
     def _make_client(self) -> _Client:
         cfg = self._cfg
@@ -262,8 +262,7 @@ class MqttAlertSink:
         if self._task is None:
             return Health(self.name, False, "not started")
         if self._task.done():
-            error = None if self._task.cancelled() else self._task.exception()
-            return Health(self.name, False, f"connection task ended: {type(error).__name__}")
+            return Health(self.name, False, f"connection task ended: {type(self._task.error).__name__}")
         if self._link.failing:
             return self._link.health()
         return self._acks.health(f"connected to {self._cfg.host}:{self._cfg.port}")
