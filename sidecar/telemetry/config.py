@@ -27,7 +27,8 @@ class HttpConfig(BaseModel):
     readiness: Literal["process", "dependencies"] = Field(
         "process",
         description="process: /readyz fails only for the sidecar's own pipeline (Kafka source polling, "
-        "partitions recovered, results written); vLLM, alert sinks and clustering are listed in the body "
+        "partitions recovered, results written) and for a background task that died (the tasks check "
+        "names it); vLLM, alert sinks and clustering are listed in the body "
         "but do not gate (an outage of theirs pauses work, it must not stall every rollout). dependencies: "
         "every check gates.",
     )

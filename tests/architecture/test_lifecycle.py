@@ -180,7 +180,7 @@ CASES: dict[str, Case] = {
 
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[str]:
-    from sidecar.demo.mock_cluster import MockKafkaCluster
+    from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 
     with MockKafkaCluster(1) as cluster:
         yield cluster.bootstrap_servers

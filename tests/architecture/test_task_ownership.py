@@ -3,8 +3,8 @@
 Every ``create_task`` / ``ensure_future`` call (on ``asyncio``, a loop or a TaskGroup) and every
 thread started in ``sidecar/`` runtime code must be in the list below, with who owns what it starts.
 A new background loop goes through :func:`sidecar.supervision.spawn` instead, so it is named,
-owned by the application's TaskGroup and watched by ``/readyz``. Offline tools (``sidecar/demo``,
-``sidecar/eval``, ``sidecar/simulator``, ``sidecar/tools``) are not the service and are not checked.
+owned by the application's TaskGroup and watched by ``/readyz``. The offline tools
+(``sidecar/tools``) are not the service and are not checked.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import sidecar
 
 ROOT = Path(sidecar.__file__).parent
-OFFLINE = ("demo", "eval", "simulator", "tools")
+OFFLINE = ("tools",)
 SPAWNING = frozenset({"create_task", "ensure_future"})
 THREADS = frozenset({"Thread", "ThreadPoolExecutor", "ProcessPoolExecutor"})
 
@@ -38,8 +38,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("scoring/tree.py", "_all_or_nothing"): "awaited in the same call",
     ("stage/pipeline.py", "_all"): "awaited in the same call",
     ("judge/judge.py", "TwoDimensionalJudge.judge"): "a TaskGroup local to the call",
-    # Offline command lines still under sidecar/ until they move to sidecar/tools.
-    ("judge/cli.py", "_judge_all"): "a TaskGroup local to the call (offline tool)",
     # Worker threads, shut down by their component's stop().
     ("scoring/hooks.py", "ScoringHooks.__init__"): "prompt-encoding threads; ScoringHooks.stop() shuts them down",
     ("training_store/sink.py", "TrainingStoreSink.start"): "the writer thread; TrainingStoreSink.stop() joins it",
