@@ -82,7 +82,7 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
     if config.scoring.enabled:
         from sidecar.scoring.hooks import ScoringHooks
 
-        scoring = ScoringHooks(
+        scoring = ScoringHooks.from_config(
             config.scoring, registry, goal_labeler=goals.goal_label if goals else None, agent_labels=labels
         )
         out.components.append(scoring)

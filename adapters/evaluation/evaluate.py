@@ -1,6 +1,6 @@
 """``adapters eval``: the paper's protocol (Section 5.2, Table 2) through a real vLLM server.
 
-Every verdict goes through the sidecar's own code path: ``ScoringHooks.score_adapter`` builds the
+Every verdict goes through the sidecar's own code path: ``Scorers.score_adapter`` builds the
 prompt with the sidecar's ``PromptBuilder`` (``prompt_truncation: tail``, the adapter's context) and
 scores it with its ``CompletionScorer`` over its ``VllmClient``, so the figures are what the
 sidecar sees in production, including how it reads P(end) exactly (top-k logprobs, else a forced
@@ -41,7 +41,7 @@ from adapters.serving.manifest import file_sha256, message_cap, write_manifest
 from adapters.serving.vllm_server import VllmServer
 from sidecar.scoring.completion import CompletionScorer
 from sidecar.scoring.config import ScoringConfig
-from sidecar.scoring.hooks import ScoringHooks
+from sidecar.scoring.scorers import Scorers
 from sidecar.transcript.model import Message
 
 log = structlog.get_logger()
@@ -91,19 +91,19 @@ class Verdict:
 
 
 class SidecarScoring:
-    """The sidecar's completion path (hooks, prompt builder, client, scorer) over one vLLM server."""
+    """The sidecar's completion path (scorers: prompt builder, client, scorer) over one vLLM server."""
 
     def __init__(self, config: ScoringConfig, turn_id: int) -> None:
-        self.hooks = ScoringHooks(config, CollectorRegistry())
+        self.scorers = Scorers.from_config(config, CollectorRegistry())
         # P(next token = TURN) read the same exact way, for the tag-free rule.
-        self._turn = CompletionScorer(self.hooks.client, end_ids=[turn_id], stop_token_ids=[turn_id],
-                                      max_remaining_tokens=1, decode=self.hooks.tok.decode)
+        self._turn = CompletionScorer(self.scorers.client, end_ids=[turn_id], stop_token_ids=[turn_id],
+                                      max_remaining_tokens=1, decode=self.scorers.tokenizer.decode)
 
     def prompt(self, messages: Sequence[Message]) -> list[int]:
-        return self.hooks.prompts.completion_adapter(messages)[0]
+        return self.scorers.prompts.completion_adapter(messages)[0]
 
     async def verdict(self, messages: Sequence[Message], model: str, *, turn_rule: bool) -> Verdict:
-        v = await self.hooks.score_adapter(messages, model)
+        v = await self.scorers.score_adapter(messages, model)
         if not turn_rule:
             return Verdict(v.complete, v.p_end, v.p_end_method)
         t = await self._turn.score(model, self.prompt(messages))
@@ -162,7 +162,7 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
         scoring = SidecarScoring(
             sidecar_config(f"{server.base_url}/v1", args.base, args.max_context_tokens, cap), turn_id
         )
-        await scoring.hooks.start()
+        await scoring.scorers.start()
         try:
             for name in args.datasets:
                 for set_name, fname in LABEL_SETS:
@@ -192,13 +192,13 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
                     log.info("adapters.eval.done", dataset=name, set=set_name,
                              f1_complete=res["adapter"]["complete"]["f1"])
         finally:
-            await scoring.hooks.stop()
+            await scoring.scorers.stop()
     wall = round(time.monotonic() - t0, 1)
     command = args.command_line or "adapters " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     meta = {"command": command, "wall_seconds": wall, "max_context_tokens": args.max_context_tokens,
             "max_message_tokens": message_cap(args.adapter),
             "end_tag_id": end_id, "turn_token_id": turn_id, "classifier_train_examples": clf_n,
-            "scored_by": "sidecar.scoring.hooks.ScoringHooks.score_adapter (prompt_truncation: tail)",
+            "scored_by": "sidecar.scoring.scorers.Scorers.score_adapter (prompt_truncation: tail)",
             "p_end_methods": dict(methods_used),
             "adapter_sha256": file_sha256(args.adapter / "adapter_model.safetensors"),
             "base_sha256": file_sha256(args.base / "model.safetensors"),

@@ -1,4 +1,8 @@
-"""``ScoringHooks``: the completion scorer and the response tree on the stream's per-turn hooks.
+"""``ScoringHooks``: the live scoring policy on the stream's per-turn hooks.
+
+The scorers themselves (tokenizer, prompts, completion scorers, tree expander, adapter trust) are a
+:class:`~sidecar.scoring.scorers.Scorers`, which offline tools use directly; this module decides
+what to score, when, and what a failure becomes.
 
 * ``on_user_message`` -> response tree for the conversation up to that user message plus an empty
   assistant prefix, computed while the agent itself is still answering (escalation in time).
@@ -18,26 +22,24 @@ allows text.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.errors import ConfigError, PermanentError
+from sidecar.errors import PermanentError
 from sidecar.lifecycle import Health
-from sidecar.scoring.client import LLMClient, VllmClient
-from sidecar.scoring.completion import CompletionScore, CompletionScorer, with_threshold
+from sidecar.scoring.client import LLMClient
+from sidecar.scoring.completion import CompletionScore, with_threshold
 from sidecar.scoring.config import AgentConfig, ScoringConfig
 from sidecar.scoring.metrics import ScoringMetrics
-from sidecar.scoring.prompts import PromptBuilder, PromptTooLong
+from sidecar.scoring.prompts import PromptTooLong
 from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
-from sidecar.scoring.tree import TreeBudget, TreeExpander, branch_views, most_probable_text, tree_event
+from sidecar.scoring.scorers import Scorers
 from sidecar.scoring.trust import AdapterTrust
-from sidecar.stage.events import CompletionScored, Scored, TreeBranch
+from sidecar.stage.events import CompletionScored, Scored
 from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message, prefix_through_turn
@@ -49,9 +51,6 @@ T = TypeVar("T")
 GoalLabeler = Callable[[TurnContext], Awaitable[str]]
 _CACHE_SIZE = 4096
 _LATEST_TURNS = 65536  # conversations whose newest user turn is remembered for the tree debounce
-# Tokenisation scales with a conversation's length: they run on these threads, never
-# on the event loop (the Kafka heartbeat and every other partition share that loop).
-_PROMPT_THREADS = 2
 
 
 async def _unknown_goal(_ctx: TurnContext) -> str:
@@ -59,10 +58,36 @@ async def _unknown_goal(_ctx: TurnContext) -> str:
 
 
 class ScoringHooks:
-    """Implements :class:`~sidecar.state.hooks.ConversationHooks` with vLLM-backed scorers."""
+    """Implements :class:`~sidecar.state.hooks.ConversationHooks` with vLLM-backed scorers.
+
+    The live policy around a :class:`~sidecar.scoring.scorers.Scorers`: what to score (sampling,
+    per-agent token budgets, the tree debounce and staleness), how long to wait (bounded slots per
+    kind, waiting out outages) and what a failure becomes (``{"error": reason}`` and a counter).
+    It owns the scorers it is given: :meth:`start`, :meth:`stop` and :meth:`health` are theirs.
+    """
 
     def __init__(
         self,
+        scorers: Scorers,
+        metrics: ScoringMetrics,
+        *,
+        goal_labeler: GoalLabeler | None = None,
+        agent_labels: AgentLabels | None = None,
+    ) -> None:
+        self.scorers = scorers
+        self.config = scorers.config
+        self.metrics = metrics
+        self._labels = agent_labels or AgentLabels(self.config.agents)
+        self.trust.publish_configured(self._labels)
+        self._goal = goal_labeler or _unknown_goal
+        self._budgets: dict[str, TokenBucket] = {}
+        self._slots: dict[str, Slots] = {}
+        self._latest_turn: LruCache[str, int] = LruCache(_LATEST_TURNS)
+        self._verdicts: LruCache[tuple[str, int, str], CompletionScore] = LruCache(_CACHE_SIZE)
+
+    @classmethod
+    def from_config(
+        cls,
         config: ScoringConfig,
         registry: CollectorRegistry,
         *,
@@ -70,94 +95,35 @@ class ScoringHooks:
         tokenizer: SafeTokenizer | None = None,
         goal_labeler: GoalLabeler | None = None,
         agent_labels: AgentLabels | None = None,
-    ) -> None:
-        self.config = config
-        self._labels = agent_labels or AgentLabels(config.agents)
-        self.metrics = ScoringMetrics(registry)
-        self._owned_client: VllmClient | None = None
+    ) -> ScoringHooks:
+        """The live hooks for ``config``: its metrics on ``registry``, scorers on ``client`` (used as
+        given) or on a :class:`~sidecar.scoring.client.VllmClient` they own, the trusted gauge wired."""
+        metrics = ScoringMetrics(registry)
+
+        def gauge(label: str, value: float) -> None:
+            metrics.adapter_trusted.labels(label).set(value)
+
         if client is None:
-            self._owned_client = VllmClient(config.vllm, registry, max_logprobs=config.max_logprobs)
-            client = self._owned_client
-        self.client = client
-        if tokenizer is None:
-            if config.tokenizer.model_dir is None:
-                raise ConfigError("scoring.tokenizer.model_dir is required")
-            tokenizer = SafeTokenizer.from_model_dir(
-                config.tokenizer.model_dir, extra_special=config.tokenizer.special_tokens
-            )
-        self.tok = tokenizer
-        cc = config.completion
-        self.prompts = PromptBuilder(
-            tokenizer,
-            end_tag=cc.end_tag,
-            instruct_prompt=cc.instruct_prompt,
-            use_chat_template=cc.instruct_use_chat_template,
-            max_prompt_tokens=config.max_prompt_tokens,
-            tail_truncation=config.prompt_truncation in ("tail", "stride"),
-            stride_tokens=config.prompt_stride_tokens if config.prompt_truncation == "stride" else None,
-            max_message_tokens=config.max_message_tokens,
-            paper_bos=config.tokenizer.paper_format_bos,
-            tree_use_chat_template=config.tree.use_chat_template,
-        )
-        self.end_id = _end_tag_id(tokenizer, cc.end_tag, config)
-        pad_ids = {tokenizer.token_id(t) for t in tokenizer.special_strings if "pad" in t.lower()}
-        # Any special token ends a response (eos, eot, the end tag), except BOS and padding.
-        self.stop_ids = sorted(tokenizer.special_ids - {tokenizer.bos_id} - pad_ids)
-        # Without an end-tag token (a stock base model, instruct variant only) no adapter scorer.
-        self._adapter_scorer = (
-            CompletionScorer(
-                client,
-                end_ids=[self.end_id],
-                stop_token_ids=self.stop_ids,
-                max_remaining_tokens=cc.max_remaining_tokens,
-                decode=tokenizer.decode,
-            )
-            if self.end_id is not None
-            else None
-        )
-        marker = tokenizer.encode_trusted(cc.instruct_end_marker)
-        self._instruct_scorer = CompletionScorer(
-            client,
-            end_ids=marker,
-            stop_token_ids=self.stop_ids,
-            max_remaining_tokens=cc.max_remaining_tokens,
-            decode=tokenizer.decode,
-            variant="instruct",
-            end_text=cc.instruct_end_marker,
-        )
-        tc = config.tree
-        self._tree = TreeExpander(
-            client,
-            alpha=tc.alpha,
-            budget=TreeBudget(tc.max_depth_tokens, tc.max_generated_tokens, tc.max_requests, tc.max_leaves),
-            stop_token_ids=self.stop_ids,
-            stop_strings=() if self.prompts.tree_chat else tc.stop_strings,
-            decode=tokenizer.decode,
-        )
-        self.trust = AdapterTrust(config, lambda label, v: self.metrics.adapter_trusted.labels(label).set(v))
-        self.trust.publish_configured(self._labels)
-        self._goal = goal_labeler or _unknown_goal
-        self._budgets: dict[str, TokenBucket] = {}
-        self._slots: dict[str, Slots] = {}
-        self._latest_turn: LruCache[str, int] = LruCache(_LATEST_TURNS)
-        self._verdicts: LruCache[tuple[str, int, str], CompletionScore] = LruCache(_CACHE_SIZE)
-        self._cpu = ThreadPoolExecutor(max_workers=_PROMPT_THREADS, thread_name_prefix="sidecar-prompt")
+            scorers = Scorers.from_config(config, registry, tokenizer=tokenizer, trust_gauge=gauge)
+        else:
+            scorers = Scorers(config, client, tokenizer=tokenizer, trust_gauge=gauge)
+        return cls(scorers, metrics, goal_labeler=goal_labeler, agent_labels=agent_labels)
+
+    @property
+    def trust(self) -> AdapterTrust:
+        """The scorers' adapter trust (a health reporter of its own)."""
+        return self.scorers.trust
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._owned_client is not None:
-            await self._owned_client.start()
+        await self.scorers.start()
 
     async def stop(self) -> None:
-        self._cpu.shutdown(wait=False, cancel_futures=True)
-        if self._owned_client is not None:
-            await self._owned_client.stop()
+        await self.scorers.stop()
 
     def health(self) -> Health:
-        if self._owned_client is not None:
-            return self._owned_client.health()
-        return Health("vllm", True, "external client")
+        return self.scorers.health()
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -175,15 +141,6 @@ class ScoringHooks:
         # snapshot already, and it is not part of the turn being judged. (Messages are redacted on
         # arrival, when redaction is on: see state.redaction.)
         return prefix_through_turn(ctx.messages, ctx.turn)
-
-    async def _off_loop(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._cpu, fn)
-
-    async def _prompt(
-        self, build: Callable[[Sequence[Message]], tuple[list[int], int]], ctx: TurnContext
-    ) -> tuple[list[int], int]:
-        """Encode c_k's prompt, off the event loop."""
-        return await self._off_loop(lambda: build(self._messages(ctx)))
 
     def _wait(self, kind: str) -> Callable[[], None]:
         return lambda: self.metrics.backpressure_waits.labels(kind).inc()
@@ -226,16 +183,12 @@ class ScoringHooks:
         cfg = self.config.agent(ctx.agent)
         route = self.trust.route(ctx.agent)
         self.trust.publish(label, route)
-        key = (ctx.conversation_id, len(prefix_through_turn(ctx.messages, ctx.turn)), cfg.adapter or "")
+        messages = self._messages(ctx)
+        key = (ctx.conversation_id, len(messages), cfg.adapter or "")
         score = self._verdicts.get(key)
         if score is None:
-            if cfg.adapter is not None and self._adapter_scorer is not None:
-                scorer, model = self._adapter_scorer, cfg.adapter
-                prompt, _ = await self._prompt(self.prompts.completion_adapter, ctx)
-            else:
-                scorer, model = self._instruct_scorer, self.config.vllm.base_model
-                prompt, _ = await self._prompt(self.prompts.completion_instruct, ctx)
-            score = await self._until_available("completion", lambda: scorer.score(model, prompt))
+            request = await self.scorers.completion_request(messages, cfg.adapter)
+            score = await self._until_available("completion", request.score)
             self._budget(label, cfg).spend(score.generated_tokens)
             self.metrics.p_end.labels(label).observe(score.p_end)
             self.metrics.completion_requests.labels(label).observe(score.requests)
@@ -247,16 +200,6 @@ class ScoringHooks:
     def _outcome(self, ctx: TurnContext, score: CompletionScore) -> dict[str, Any]:
         include = self.config.completion.include_text_in_outcome
         return {**score.outcome(include_text=include), **self.trust.route(ctx.agent).outcome()}
-
-    async def score_adapter(self, messages: Sequence[Message], adapter: str) -> CompletionScore:
-        """The adapter verdict on c_k = ``messages``: the prompt and scorer the hooks use, no scheduling.
-
-        Offline evaluation (``adapters eval``) calls this so its figures are what the sidecar sees.
-        """
-        if self._adapter_scorer is None:
-            raise ConfigError(f"the end tag {self.config.completion.end_tag!r} is not a token of the tokenizer")
-        prompt, _ = await self._off_loop(lambda: self.prompts.completion_adapter(messages))
-        return await self._adapter_scorer.score(adapter, prompt)
 
     def on_turn_closed(self, ctx: TurnContext) -> HookResult:
         label = self._agent_label(ctx.agent)
@@ -345,9 +288,8 @@ class ScoringHooks:
             seen = ctx.triggered_at_unix
             if tc.max_staleness_seconds and seen is not None and time.time() - seen > tc.max_staleness_seconds:
                 return self._skip("tree", label, "stale")
-            prompt, dropped = await self._prompt(self.prompts.tree, ctx)
-            model = cfg.tree_model or self.config.vllm.base_model
-            tree = await self._until_available("tree", lambda: self._tree.expand(model, prompt))
+            request = await self.scorers.tree_request(self._messages(ctx), self.scorers.tree_model(ctx.agent))
+            tree = await self._until_available("tree", request.expand)
             bucket.spend(tree.generated_tokens)
             stats = tree.stats()
             best = stats["max_logprob"]
@@ -357,28 +299,13 @@ class ScoringHooks:
                 self.metrics.tree_max_logprob.labels(label).observe(best)
             if tree.budget_hit:
                 self.metrics.tree_budget_hits.labels(label, tree.budget_hit).inc()
-            text = most_probable_text(tree, self.tok.decode, self.stop_ids)
-            out: dict[str, Any] = {**stats, "turns_dropped": dropped}
+            text = self.scorers.best_branch_text(tree)
+            out: dict[str, Any] = {**stats, "turns_dropped": request.turns_dropped}
             if tc.include_text_in_outcome:
                 out["best_branch"] = text
-            views = [TreeBranch(*v) for v in branch_views(tree, self.tok.decode, self.stop_ids)]
-            return Scored(out, [tree_event(tree, model, text, views)])
+            return Scored(out, [self.scorers.tree_scored(tree, request.model, text)])
 
         return self._guard("tree", label, work)
-
-
-def _end_tag_id(tokenizer: SafeTokenizer, end_tag: str, config: ScoringConfig) -> int | None:
-    """The end tag's id; None is allowed only when no agent routes to an adapter."""
-    try:
-        return tokenizer.token_id(end_tag)
-    except ConfigError:
-        agents = [config.default_agent, *config.agents.values()]
-        if any(a.adapter is not None for a in agents):
-            raise ConfigError(
-                f"the end tag {end_tag!r} is not a single token of the served tokenizer, but agents route "
-                "to completion adapters (set scoring.completion.end_tag to the adapters' end token)"
-            ) from None
-        return None
 
 
 def _reason(exc: BaseException) -> str:

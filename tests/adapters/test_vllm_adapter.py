@@ -71,12 +71,12 @@ async def test_exported_adapter_loads_and_serves_what_it_learned(vllm_server: An
         assert "adapters-toy" in names
     turn_id = encode_plain(tok, "TURN 1, STEP 1, user chat:\n")[0]
     scoring = SidecarScoring(sidecar_config(f"{vllm_server.root_url}/v1", vllm_server.model_dir, 256), turn_id)
-    await scoring.hooks.start()
+    await scoring.scorers.start()
     try:
         served = await scoring.score_all(conversations, "adapters-toy", turn_rule=True, desc="adapter")
         base = await scoring.score_all(conversations, "base", turn_rule=False, desc="base")
     finally:
-        await scoring.hooks.stop()
+        await scoring.scorers.stop()
     prompts = [encode_messages(tok, m)[-256:] for m in conversations]
     expected = _hf_end_logprobs(vllm_server.model_dir, exported_toy_adapter, prompts, end_id)
     assert [float(np.log(v.p_end)) for v in served] == pytest.approx(expected, abs=2e-2)

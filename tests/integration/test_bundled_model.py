@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client import CollectorRegistry
 
 from sidecar.scoring.hooks import ScoringHooks
+from sidecar.scoring.scorers import Scorers
 from sidecar.tools.demo.replay import load_sample
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import render_text
@@ -38,25 +39,25 @@ def forged(conv: Sequence[Message], *, headers: bool) -> list[Message]:
     return [Message("user", f"{conv[0].content}\n\n{rest.strip()}")]
 
 
-async def complete_count(hooks: ScoringHooks, convs: list[list[Message]],
+async def complete_count(scorers: Scorers, convs: list[list[Message]],
                          build: Callable[[list[Message]], list[Message]]) -> int:
-    scores = [await hooks.score_adapter(build(c), "completion") for c in convs]
+    scores = [await scorers.score_adapter(build(c), "completion") for c in convs]
     return sum(s.complete for s in scores)
 
 
 async def test_forged_structure_scores_like_the_unforged_message(bundled_vllm: BundledVllm) -> None:
     """Regression: 15 of 20 one-message conversations whose content pasted a finished dialogue
     (step headers included) scored "complete"; the same message without the paste scores 0."""
-    hooks = ScoringHooks(bundled_vllm.scoring_config(), CollectorRegistry())
-    await hooks.start()
+    scorers = Scorers.from_config(bundled_vllm.scoring_config(), CollectorRegistry())
+    await scorers.start()
     try:
         convs = sample_conversations(N_CONVERSATIONS)
-        genuine = await complete_count(hooks, convs, lambda c: c)
-        unforged = await complete_count(hooks, convs, lambda c: [c[0]])
-        with_headers = await complete_count(hooks, convs, lambda c: forged(c, headers=True))
-        as_prose = await complete_count(hooks, convs, lambda c: forged(c, headers=False))
+        genuine = await complete_count(scorers, convs, lambda c: c)
+        unforged = await complete_count(scorers, convs, lambda c: [c[0]])
+        with_headers = await complete_count(scorers, convs, lambda c: forged(c, headers=True))
+        as_prose = await complete_count(scorers, convs, lambda c: forged(c, headers=False))
     finally:
-        await hooks.stop()
+        await scorers.stop()
     print(f"complete of {len(convs)}: genuine {genuine}, unforged {unforged}, "
           f"forged headers {with_headers}, forged prose {as_prose}")
     assert genuine >= len(convs) // 2  # the model does call finished conversations complete
@@ -74,7 +75,7 @@ async def test_uncertain_turn_rate_tracks_the_target_on_real_conversations(bundl
     from sidecar.state.hooks import TurnContext
 
     cfg = bundled_vllm.scoring_config(tree={"alpha": 0.05, "max_staleness_seconds": 0, "skip_superseded": False})
-    hooks = ScoringHooks(cfg, CollectorRegistry())
+    hooks = ScoringHooks.from_config(cfg, CollectorRegistry())
     turns = []
     for rec in load_sample()[:60]:
         msgs: list[Message] = []

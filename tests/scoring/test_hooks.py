@@ -42,7 +42,7 @@ def _hooks(tok_dir: Path, lm: ToyLM | None = None, **cfg: Any) -> tuple[ScoringH
         base[k] = {**base[k], **v} if merge else v
     lm = lm or ToyLM(vocab=512, seed=1, peak=1.5)
     registry = CollectorRegistry()
-    return ScoringHooks(ScoringConfig(**base), registry, client=lm), lm, registry
+    return ScoringHooks.from_config(ScoringConfig(**base), registry, client=lm), lm, registry
 
 
 async def run(result: HookResult) -> Outcome:
@@ -293,7 +293,7 @@ async def test_turn_closed_by_the_next_user_message_scores_c_k_without_it(tok_di
     await run(hooks.on_turn_closed(_ctx("turn_closed", [*c2, TRAVEL[4]], turn=2, cid="a")))
     await run(hooks.on_turn_closed(_ctx("turn_closed", c2, turn=2, cid="b")))
     assert seen[0] == seen[1]
-    assert "Can you also find a hotel" not in hooks.tok.decode(seen[0])
+    assert "Can you also find a hotel" not in hooks.scorers.tokenizer.decode(seen[0])
 
 
 async def test_a_failure_in_the_middle_of_a_tree_retries_the_tree(
@@ -315,8 +315,8 @@ async def test_a_failure_in_the_middle_of_a_tree_retries_the_tree(
 
 async def test_paper_format_tree_ends_branches_at_the_next_step_header(tok_dir: Path) -> None:
     hooks, _, _ = _hooks(tok_dir, tree={"use_chat_template": False, "include_text_in_outcome": True})
-    assert not hooks.prompts.tree_chat
-    assert hooks._tree._stop_strings == ("\n\nTURN ",)
+    assert not hooks.scorers.prompts.tree_chat
+    assert hooks.scorers.tree._stop_strings == ("\n\nTURN ",)
     out = await run(hooks.on_user_message(_ctx("user_message", TRAVEL)))
     assert "\n\nTURN " not in out["best_branch"]
 
@@ -354,13 +354,13 @@ async def test_prompt_building_runs_off_the_event_loop(tok_dir: Path) -> None:
     loop_thread = threading.get_ident()
     seen: list[int] = []
     for name in ("completion_adapter", "completion_instruct", "tree"):
-        real = getattr(hooks.prompts, name)
+        real = getattr(hooks.scorers.prompts, name)
 
         def spy(*a: Any, _real: Any = real, **k: Any) -> Any:
             seen.append(threading.get_ident())
             return _real(*a, **k)
 
-        setattr(hooks.prompts, name, spy)
+        setattr(hooks.scorers.prompts, name, spy)
     await run(hooks.on_turn_closed(_ctx("turn_closed", RESTAURANT)))
     await run(hooks.on_turn_closed(_ctx("turn_closed", TRAVEL, agent="unknown-agent")))
     await run(hooks.on_user_message(_ctx("user_message", TRAVEL, cid="c2")))

@@ -53,7 +53,7 @@ def _hooks(vllm_server: VllmServer, url: str, **vllm: Any) -> tuple[ScoringHooks
         },
     )
     registry = CollectorRegistry()
-    return ScoringHooks(cfg, registry), registry
+    return ScoringHooks.from_config(cfg, registry), registry
 
 
 def _contexts() -> list[TurnContext]:

@@ -107,7 +107,7 @@ async def _run(result: HookResult) -> Outcome:
 def _hooks(tok_dir: Path, agents: dict[str, Any]) -> tuple[ScoringHooks, CollectorRegistry]:
     registry = CollectorRegistry()
     cfg = ScoringConfig.model_validate({"enabled": True, "tokenizer": {"model_dir": str(tok_dir)}, "agents": agents})
-    return ScoringHooks(cfg, registry, client=ToyLM(vocab=512, seed=1, peak=1.5)), registry
+    return ScoringHooks.from_config(cfg, registry, client=ToyLM(vocab=512, seed=1, peak=1.5)), registry
 
 
 @pytest.mark.parametrize("threshold", [1e-9, 0.999999])

@@ -278,7 +278,7 @@ async def test_scoring_hooks_end_to_end_on_the_real_server(vllm_server: VllmServ
         tree={"alpha": 0.1, "max_depth_tokens": 16},
     )
     registry = CollectorRegistry()
-    hooks = ScoringHooks(cfg, registry, goal_labeler=labeler)
+    hooks = ScoringHooks.from_config(cfg, registry, goal_labeler=labeler)
     await hooks.start()
     try:
         conv = CONVERSATIONS[0]

@@ -48,7 +48,7 @@ async def test_every_simulated_conversation_is_seen_scored_and_finalised(
     goals.write_text("".join(json.dumps({"goal": g}) + "\n" for g in GOALS))
     ep = ChatEndpointConfig(base_url=vllm_server.base_url, model=vllm_server.base_model, max_tokens=12,
                             request_timeout_seconds=120, max_concurrency=3)  # fmt: skip
-    scoring = ScoringHooks(
+    scoring = ScoringHooks.from_config(
         ScoringConfig.model_validate({
             "enabled": True,
             "vllm": {"base_url": vllm_server.base_url, "base_model": vllm_server.base_model},

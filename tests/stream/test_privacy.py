@@ -106,7 +106,7 @@ async def test_no_path_carries_pii_when_redaction_is_on(tmp_path: Path, log_stre
     build_tokenizer(tmp_path)
     registry = CollectorRegistry()
     lm = RecordingLM()
-    scoring = ScoringHooks(
+    scoring = ScoringHooks.from_config(
         ScoringConfig(
             enabled=True,
             tokenizer={"model_dir": str(tmp_path)},
@@ -153,7 +153,7 @@ async def test_no_path_carries_pii_when_redaction_is_on(tmp_path: Path, log_stre
     assert await goals.recluster("test")
     await scoring.stop()
 
-    prompts = [scoring.tok.decode(p) for p in lm.prompts]
+    prompts = [scoring.scorers.tokenizer.decode(p) for p in lm.prompts]
     places = {
         "prompts": "\n".join(prompts),
         "clustering requests": "\n".join(goal_llm.sent),

@@ -141,7 +141,7 @@ async def _score(cfg: ScoringConfig, convs: list[EvalConversation], results: Res
 
     from sidecar.judge.judge import TwoDimensionalJudge
     from sidecar.judge.metrics import JudgeMetrics
-    from sidecar.scoring.hooks import ScoringHooks
+    from sidecar.scoring.scorers import Scorers
     from sidecar.tools.eval.run import ConversationScorer, check_server, score_all
 
     done = results.load()
@@ -150,19 +150,19 @@ async def _score(cfg: ScoringConfig, convs: list[EvalConversation], results: Res
         return 0, len(done)
     await check_server(cfg)
     registry = CollectorRegistry()
-    hooks = ScoringHooks(cfg, registry)
+    scorers = Scorers.from_config(cfg, registry)
     judge = None if judge_config is None else TwoDimensionalJudge(judge_config, JudgeMetrics(registry))
-    await hooks.start()
+    await scorers.start()
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TimeRemainingColumn())
     try:
         with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
             task = bar.add_task("scoring conversations", total=len(todo))
-            scorer = ConversationScorer(hooks, tree_turns=args.tree_turns, seed=args.seed, judge=judge)
+            scorer = ConversationScorer(scorers, tree_turns=args.tree_turns, seed=args.seed, judge=judge)
             await score_all(scorer, todo, results, concurrency=args.concurrency,
                             on_done=lambda _row: bar.advance(task))
     finally:
-        await hooks.stop()
+        await scorers.stop()
         if judge is not None:
             await judge.aclose()
     return len(todo), len(done)

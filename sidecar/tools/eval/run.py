@@ -1,23 +1,27 @@
-"""Scoring a dataset through the live sidecar's own code paths, resumably.
+"""Scoring a dataset through the live sidecar's own scorers, resumably.
 
+Everything is scored by a :class:`~sidecar.scoring.scorers.Scorers`, the prompts and scorers the
+live :class:`~sidecar.scoring.hooks.ScoringHooks` use, without the live policy around them.
 Per conversation (one line of ``results.jsonl``, appended with its chunk of 32 conversations):
 
 * **completion**, the paper's truncation protocol (Section 5.3): the full conversation (label
   "complete") and a copy truncated after a random turn k in 1..n-1 (label "incomplete"; k is a
   hash of the id and the seed, so reruns pick the same k). Agents with an adapter go through
-  :meth:`ScoringHooks.score_adapter <sidecar.scoring.hooks.ScoringHooks.score_adapter>` (what
-  ``adapters eval`` uses); without one, through the live ``on_turn_closed`` hook (instruct prompt).
+  :meth:`Scorers.score_adapter <sidecar.scoring.scorers.Scorers.score_adapter>` (what
+  ``adapters eval`` uses); without one, through the instruct prompt on the base model (what the
+  live ``on_turn_closed`` hook sends).
 * **the LLM judge** (optional, ``--judge``): :class:`~sidecar.judge.judge.TwoDimensionalJudge` on the
   same full and truncated copies, for the comparison row beside the judge-free verdict.
-* **response trees** through the live ``on_user_message`` hook, on the paper-format prompt:
-  c_k up to a user message plus the assistant header (Section 5.4; ``last``: the last user
-  message, as the paper; ``all``: every one). The hook's ``TreeScored`` event gives the numbers,
-  the most probable branch and every branch for drawing.
+* **response trees**, as the live ``on_user_message`` hook expands them, on the paper-format
+  prompt: c_k up to a user message plus the assistant header (Section 5.4; ``last``: the last
+  user message, as the paper; ``all``: every one). The ``TreeScored`` event gives the numbers, the
+  most probable branch and every branch for drawing.
 
-Scheduling knobs that make sense live (sampling, token budgets, debounce, staleness) are forced
-off here: every requested item is scored. vLLM being down is an :class:`EvalError` (exit 1),
-never a silently missing row; a permanent per-item failure (``prompt_too_long``) is recorded in the
-row as ``{"error": reason}``.
+Every requested item is scored: the live policy (sampling, token budgets, debounce, staleness)
+does not apply. vLLM being down during the adapter's verdicts is an :class:`EvalError` (exit 1),
+never a silently missing row; instruct verdicts and trees wait for it to come back, as the live
+hooks do; a permanent per-item failure (``prompt_too_long``) is recorded in the row as
+``{"error": reason}``.
 """
 
 from __future__ import annotations
@@ -36,15 +40,14 @@ import httpx
 from sidecar.errors import ConfigError, PermanentError, RetryableError, SidecarError
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.prompts import PromptTooLong
-from sidecar.stage.events import TreeScored, events_of
-from sidecar.state.hooks import HookResult, TurnContext
+from sidecar.scoring.schedule import until_available
 from sidecar.tools.eval.dataset import EvalConversation
-from sidecar.transcript.model import Message, count_turns, prefix_through_turn
+from sidecar.transcript.model import Message, prefix_through_turn
 from sidecar.transcript.tokenize import UnsafeContentError
 
 if TYPE_CHECKING:
     from sidecar.judge.judge import TwoDimensionalJudge
-    from sidecar.scoring.hooks import ScoringHooks
+    from sidecar.scoring.scorers import Scorers
 
 RESULTS_VERSION = 1
 CHUNK_CONVERSATIONS = 32  # rows are appended per chunk: a crash redoes at most this many
@@ -57,7 +60,10 @@ class EvalError(SidecarError):
 
 
 def eval_scoring_config(base: ScoringConfig) -> ScoringConfig:
-    """``base`` with every live-only scheduling knob off and trees in the paper format."""
+    """``base`` with every live-only scheduling knob off and trees in the paper format.
+
+    The knobs do not act on :class:`~sidecar.scoring.scorers.Scorers`; they are off so that the
+    config recorded with a run says what was done."""
     data = base.model_dump()
     agents = [data["default_agent"], *data["agents"].values()]
     for agent in agents:
@@ -152,36 +158,42 @@ def _reason(exc: BaseException) -> str:
     return reason if isinstance(reason, str) else type(exc).__name__
 
 
-async def _outcome(result: HookResult) -> Any:
-    return await result if isinstance(result, Awaitable) else result
-
-
 class ConversationScorer:
-    """One conversation -> one results row, on a started :class:`ScoringHooks`."""
+    """One conversation -> one results row, on started :class:`~sidecar.scoring.scorers.Scorers`."""
 
     def __init__(
-        self, hooks: ScoringHooks, *, tree_turns: TreeTurns, seed: int, judge: TwoDimensionalJudge | None = None
+        self, scorers: Scorers, *, tree_turns: TreeTurns, seed: int, judge: TwoDimensionalJudge | None = None
     ) -> None:
-        self.hooks = hooks
+        self.scorers = scorers
         self.judge = judge
-        self.adapter = hooks.config.default_agent.adapter
+        self.adapter = scorers.config.default_agent.adapter
+        self.tree_model = scorers.tree_model(None)
         self.tree_turns: TreeTurns = tree_turns
         self.seed = seed
 
-    async def completion(self, conv: EvalConversation, messages: Sequence[Message]) -> dict[str, Any]:
+    async def _until_available(self, call: Callable[[], Awaitable[T]]) -> T:
+        # The live hooks wait out a vLLM outage for instruct verdicts and trees; so does this.
+        v = self.scorers.config.vllm
+        return await until_available(
+            call,
+            on_wait=lambda: None,
+            initial_seconds=v.retry_initial_backoff_seconds,
+            cap_seconds=v.outage_poll_max_seconds,
+        )
+
+    async def completion(self, messages: Sequence[Message]) -> dict[str, Any]:
         try:
             if self.adapter is not None:
-                score = await self.hooks.score_adapter(messages, self.adapter)
+                score = await self.scorers.score_adapter(messages, self.adapter)
                 return {"p_end": score.p_end, "complete": score.complete, "method": score.p_end_method,
                         "variant": score.variant}
-            ctx = TurnContext("turn_closed", conv.conversation_id, count_turns(messages), messages, None, None)
-            out = await _outcome(self.hooks.on_turn_closed(ctx))
+            request = await self.scorers.completion_request(messages, None)
+            score = await self._until_available(request.score)
         except (PromptTooLong, UnsafeContentError, PermanentError) as exc:
             return {"error": _reason(exc)}
-        if "p_end" not in out:
-            return {"error": str(out.get("error") or out.get("skipped") or "no_score")}
-        return {"p_end": out["p_end"], "complete": out["complete"], "method": out.get("p_end_method"),
-                "variant": out.get("variant")}
+        out = score.outcome(include_text=False)  # rounded as the live outcome is
+        return {"p_end": out["p_end"], "complete": out["complete"], "method": out["p_end_method"],
+                "variant": out["variant"]}
 
     async def judged(self, messages: Sequence[Message]) -> dict[str, Any]:
         assert self.judge is not None
@@ -192,17 +204,18 @@ class ConversationScorer:
     async def tree(self, conv: EvalConversation, turn: int) -> dict[str, Any]:
         messages = through_user_message(conv.messages, turn)
         base = {"turn": turn, "length_chars": text_chars(messages), "messages": len(messages)}
-        ctx = TurnContext("user_message", conv.conversation_id, turn, messages, None, None)
-        out = await _outcome(self.hooks.on_user_message(ctx))
-        event = next((e for e in events_of(out) if isinstance(e, TreeScored)), None)
-        if event is None:
-            return {**base, "error": str(out.get("error") or out.get("skipped") or "no_tree")}
+        try:
+            request = await self.scorers.tree_request(messages, self.tree_model)
+            tree = await self._until_available(request.expand)
+        except (PromptTooLong, UnsafeContentError, PermanentError) as exc:
+            return {**base, "error": _reason(exc)}
+        event = self.scorers.tree_scored(tree, request.model, self.scorers.best_branch_text(tree))
         return {
             **base,
             "leaves": event.leaves,
             "complete_leaves": event.complete_leaves,
             "max_logprob": event.max_logprob,
-            "complete_max_logprob": out.get("max_logprob"),
+            "complete_max_logprob": tree.stats()["max_logprob"],
             "mean_token_logprob": event.mean_token_logprob,
             "generated_tokens": event.generated_tokens,
             "budget_hit": event.budget_hit,
@@ -214,9 +227,9 @@ class ConversationScorer:
     async def verdicts(self, conv: EvalConversation) -> dict[str, Any]:
         """Phase 1 (the adapter): the full and the truncated copy's completion verdicts."""
         k = truncation_turn(conv.conversation_id, conv.turns, self.seed)
-        jobs = [self.completion(conv, conv.messages)]
+        jobs = [self.completion(conv.messages)]
         if k is not None:
-            jobs.append(self.completion(conv, prefix_through_turn(conv.messages, k)))
+            jobs.append(self.completion(prefix_through_turn(conv.messages, k)))
         done = await asyncio.gather(*jobs)
         return {"full": done[0], "truncated": {"turn": k, **done[1]} if k is not None else None}
 
