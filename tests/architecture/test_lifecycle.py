@@ -112,7 +112,7 @@ def _scoring(_tmp: Path, env: dict[str, Any]) -> Component:
             "vllm": {"base_url": f"http://127.0.0.1:{_closed_port()}/v1", "health_check_interval_seconds": 0.05},
         }
     )
-    return ScoringHooks(config, CollectorRegistry())
+    return ScoringHooks.from_config(config, CollectorRegistry())
 
 
 def _clusterer(_tmp: Path, _env: dict[str, Any]) -> Component:
