@@ -173,10 +173,10 @@ def _run(args: argparse.Namespace) -> object:
         args.datasets = _prepared(args.data, args.datasets)
     if args.command == "prepare":
         from adapters.data.prepare import prepare
-        from adapters.data.sources import ReadLimits, discover, open_source
+        from adapters.data.sources import discover, open_source, source_limits
 
         ddir = args.datasets_dir or _default_datasets_dir()
-        limits = ReadLimits(max_bytes=args.max_input_bytes)
+        limits = source_limits(args.max_input_bytes)
         names = args.datasets or discover(ddir)
         sources = [open_source(n, datasets_dir=ddir, limits=limits) for n in names]
         return prepare(sources, args.out, seed=args.seed, max_train=args.max_train, max_test=args.max_test)

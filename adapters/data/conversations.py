@@ -1,5 +1,8 @@
 """Conversations (the shared datasets' JSONL schema) to SFT examples and evaluation examples.
 
+Records are parsed by :mod:`sidecar.transcript.dataset` (the one reader and message parser);
+this module turns a record into the adapters' :class:`Conversation`:
+
 - Cleaning: dataset artefacts that give the answer away are stripped (tau-bench's ``###STOP###``
   user-simulator token); a message left empty by that (and carrying no tool call) is dropped.
   ``meta`` is never turned into model input: only ``turns`` are.
@@ -14,7 +17,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,17 +25,19 @@ from typing import Any
 
 import structlog
 
-from sidecar.transcript.model import ROLES, Message, Role, ToolCall, count_turns, prefix_through_turn
+from sidecar.transcript.dataset import (
+    ConversationRecord,
+    InvalidRecord,
+    parse_conversation,
+    parse_message,
+    without_artefacts,
+)
+from sidecar.transcript.model import Message, count_turns, prefix_through_turn
 
 log = structlog.get_logger()
 
-ARTEFACTS: tuple[str, ...] = ("###STOP###",)
-MAX_LINE_BYTES = 8 * 1024 * 1024
-MAX_MESSAGES = 2000
-
-
-class BadRecordError(ValueError):
-    """A JSONL record that does not follow the datasets schema."""
+# A record that does not follow the datasets schema (its ``reason`` is the counted skip reason).
+BadRecordError = InvalidRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,38 +64,6 @@ class Example:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def strip_artefacts(text: str) -> str:
-    """Remove answer-revealing dataset artefacts from message text."""
-    out = text
-    for art in ARTEFACTS:
-        if art in out:
-            out = out.replace(art, "").strip()
-    return out
-
-
-def _message(turn: Any) -> Message:
-    if not isinstance(turn, dict):
-        raise BadRecordError("turn is not an object")
-    role = turn.get("role")
-    if role not in ROLES:
-        raise BadRecordError(f"bad role {role!r}")
-    content = turn.get("content", "")
-    if not isinstance(content, str):
-        raise BadRecordError("content is not a string")
-    calls_raw = turn.get("tool_calls") or []
-    if not isinstance(calls_raw, list):
-        raise BadRecordError("tool_calls is not a list")
-    calls: list[ToolCall] = []
-    for c in calls_raw:
-        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
-            raise BadRecordError("bad tool call")
-        args = c.get("arguments", "")
-        calls.append(ToolCall(name=c["name"], arguments=args if isinstance(args, str) else json.dumps(args)))
-    name = turn.get("name")
-    r: Role = role
-    return Message(role=r, content=content, name=name if isinstance(name, str) else None, tool_calls=tuple(calls))
-
-
 def _real_label(dataset: str, meta: dict[str, Any]) -> tuple[bool | None, str | None]:
     if "completed" in meta and isinstance(meta["completed"], bool):
         return meta["completed"], "meta.completed (STAR completion_level)"
@@ -101,48 +73,36 @@ def _real_label(dataset: str, meta: dict[str, Any]) -> tuple[bool | None, str | 
     return None, None
 
 
-def parse_record(rec: Any) -> Conversation:
-    """Validate and clean one record; raises :class:`BadRecordError`."""
-    if not isinstance(rec, dict):
-        raise BadRecordError("record is not an object")
-    cid = rec.get("conversation_id")
-    turns = rec.get("turns")
-    if not isinstance(cid, str) or not cid:
-        raise BadRecordError("missing conversation_id")
-    if not isinstance(turns, list) or not turns:
-        raise BadRecordError("missing turns")
-    if len(turns) > MAX_MESSAGES:
-        raise BadRecordError("too many turns")
-    meta_raw = rec.get("meta")
-    meta: dict[str, Any] = meta_raw if isinstance(meta_raw, dict) else {}
-    source = rec.get("source")
-    dataset: str = source if isinstance(source, str) and source else cid.split("/", 1)[0]
-    messages: list[Message] = []
-    for t in turns:
-        m = _message(t)
-        cleaned = strip_artefacts(m.content)
-        if cleaned != m.content:
-            if not cleaned and not m.tool_calls:
-                continue
-            m = Message(role=m.role, content=cleaned, name=m.name, tool_calls=m.tool_calls)
-        messages.append(m)
+def from_record(rec: ConversationRecord) -> Conversation:
+    """The adapters' cleaned conversation of a dataset record; raises :class:`BadRecordError`
+    (``bad_messages``) for a record without messages."""
+    if not rec.messages:
+        raise BadRecordError("bad_messages")
+    meta = dict(rec.meta)
+    dataset = rec.source or rec.conversation_id.split("/", 1)[0]
     group = meta.get("split_group")
     real, label_source = _real_label(dataset, meta)
     return Conversation(
-        conversation_id=cid,
+        conversation_id=rec.conversation_id,
         dataset=dataset,
-        split_group=group if isinstance(group, str) and group else cid,
-        messages=tuple(messages),
+        split_group=group if isinstance(group, str) and group else rec.conversation_id,
+        messages=without_artefacts(rec.messages),
         real_complete=real,
         real_label_source=label_source,
     )
 
 
-def read_conversations(path: Path) -> Iterator[Conversation]:
-    """Stream conversations from a (gzipped) JSONL file; malformed lines are logged and skipped."""
-    from adapters.data.sources import ReadLimits, ReadStats, read_jsonl
+def parse_record(rec: Any) -> Conversation:
+    """Validate and clean one decoded record; raises :class:`BadRecordError`."""
+    return from_record(parse_conversation(rec))
 
-    yield from read_jsonl(path, ReadStats(), ReadLimits())
+
+def read_conversations(path: Path) -> Iterator[Conversation]:
+    """Stream conversations from a (gzipped) JSONL file; malformed lines are counted and skipped."""
+    from adapters.data.sources import read_jsonl
+    from sidecar.transcript.dataset import ReadStats
+
+    yield from read_jsonl(path, ReadStats())
 
 
 def stable_unit(key: str, salt: str = "") -> float:
@@ -212,14 +172,6 @@ def eval_examples(conv: Conversation, seed: int) -> list[Example]:
     return out
 
 
-def message_to_json(m: Message) -> dict[str, Any]:
-    d: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.name is not None:
-        d["name"] = m.name
-    if m.tool_calls:
-        d["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in m.tool_calls]
-    return d
-
-
 def messages_from_json(items: Sequence[Any]) -> tuple[Message, ...]:
-    return tuple(_message(t) for t in items)
+    """The messages of a prepared record (``train.jsonl``, ``test.jsonl``): the dataset schema's."""
+    return tuple(parse_message(t) for t in items)

@@ -7,7 +7,7 @@ without a consumer group (nothing is committed, the sidecar's group is untouched
 goes through the sidecar's own decoder (``sidecar.events.decode_event``); undecodable ones are
 counted as malformed. A conversation is kept when it ended (a ``conversation_end`` event), its
 ``seq`` runs 0..n without a gap, and, with an agent given, its events carry that agent. Message
-text is held in memory only up to ``max_bytes`` of record values.
+text is held in memory only up to ``max_total_bytes`` of record values.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from adapters.data.conversations import Conversation
-from adapters.data.sources import ReadLimits, ReadStats
+from adapters.data.sources import ReadLimits, ReadStats, stats_json
 from adapters.errors import DataError
 from sidecar.errors import DecodeError
 from sidecar.events import Event, decode_event
@@ -78,17 +78,17 @@ class KafkaSource:
     def describe(self) -> dict[str, Any]:
         servers = self.client.get("bootstrap_servers", "")
         return {"name": self.name, "kind": "kafka", "location": f"{servers}/{self.topic}", "agent": self.agent,
-                **self.stats.as_json(), "conversations_skipped": dict(sorted(self.counts.items()))}
+                **stats_json(self.stats), "conversations_skipped": dict(sorted(self.counts.items()))}
 
     def conversations(self) -> Iterator[Conversation]:
         pending = asyncio.run(self._read())
         for cid, conv in pending.items():
             built = self._build(cid, conv)
             if built is not None:
-                self.stats.conversations += 1
+                self.stats.records += 1
                 yield built
-                cap = self.limits.max_conversations
-                if cap is not None and self.stats.conversations >= cap:
+                cap = self.limits.max_records
+                if cap is not None and self.stats.records >= cap:
                     return
 
     def _skip(self, reason: str) -> None:
@@ -153,13 +153,13 @@ class KafkaSource:
     def _take(self, pending: dict[str, _Pending], rec: Any) -> None:
         self.stats.lines += 1
         self.stats.bytes += len(rec.value or b"")
-        if self.stats.bytes > self.limits.max_bytes:
-            raise DataError(f"Kafka topic {self.topic!r}: more than {self.limits.max_bytes} bytes of events; "
+        if self.stats.bytes > self.limits.max_total_bytes:
+            raise DataError(f"Kafka topic {self.topic!r}: more than {self.limits.max_total_bytes} bytes of events; "
                             "raise --max-input-bytes")
         try:
             ev = decode_event(rec.value, rec.key, max_bytes=MAX_RECORD_BYTES)
         except DecodeError as exc:
-            self.stats.bad(exc.reason)
+            self.stats.skip(exc.reason)
             return
         conv = pending.get(ev.conversation_id)
         if conv is None:

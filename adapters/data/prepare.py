@@ -14,15 +14,15 @@ from adapters.data.conversations import (
     Conversation,
     eval_examples,
     in_truncation_protocol,
-    message_to_json,
     split_of,
     stable_unit,
     target_start,
 )
-from adapters.data.sources import FileSource, Source
+from adapters.data.sources import FileSource, Source, explain
 from adapters.data.tokenizer import END_TAG, SPECIAL_TOKENS
 from adapters.errors import DataError
 from adapters.serving.manifest import write_manifest
+from sidecar.transcript.dataset import message_json
 from sidecar.transcript.render import render_text
 
 log = structlog.get_logger()
@@ -65,7 +65,7 @@ def prepare_dataset(
             continue
         (train if split_of(conv) == "train" else test).append(conv)
     if not train and not test:
-        raise DataError(source.stats.explain(name, no_user))
+        raise DataError(explain(source.stats, name, no_user))
     train_s = _sample(train, max_train, "train-sample")
     proto_pool = [c for c in test if in_truncation_protocol(c.real_complete, c.real_label_source)]
     test_s = _sample(proto_pool, max_test, "test-sample")
@@ -73,7 +73,7 @@ def prepare_dataset(
     with (out_dir / "train.jsonl").open("w") as fh:
         for c in train_s:
             rec = {"conversation_id": c.conversation_id, "dataset": name,
-                   "messages": [message_to_json(m) for m in c.messages],
+                   "messages": [message_json(m) for m in c.messages],
                    "target_start": target_start(c.messages), "real_complete": c.real_complete,
                    "real_label_source": c.real_label_source, **sft_pair(c)}
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -109,7 +109,7 @@ def _example_json(cid: str, dataset: str, messages: Sequence[Any], *, complete: 
                   label_source: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {"conversation_id": cid, "dataset": dataset, "complete": complete, "kind": kind,
             "label_source": label_source, "extra": extra,
-            "messages": [message_to_json(m) for m in messages]}
+            "messages": [message_json(m) for m in messages]}
 
 
 def prepare(sources: Sequence[Source], out_dir: Path, *, seed: int,

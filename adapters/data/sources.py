@@ -15,71 +15,55 @@ of ``{role, content, tool_calls?, name?}``, optional ``source`` and ``meta``):
 ``NAME=SPEC`` names a source explicitly; otherwise the name is the file's stem or the directory's
 name. No list of known names exists anywhere: any name is a data set.
 
-Reading is bounded. A line over 8 MiB is skipped without being held in memory; a source that
-yields more than ``max_bytes`` (after decompression: a gzip bomb counts what it inflates to) is an
-error, not a silent cut; past ``max_conversations`` reading stops with a warning. Malformed lines
-are counted and skipped, and a source with no usable conversation is an error that says why.
+Files are read with :mod:`sidecar.transcript.dataset` and its limits policy: a line over 8 MiB
+is skipped without being held in memory; a source that yields more than ``max_total_bytes``
+(after decompression: a gzip bomb counts what it inflates to) is an error, not a silent cut; past
+``max_records`` conversations reading stops with a warning. Malformed lines are counted and
+skipped, and a source with no usable conversation is an error that says why.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 
-from adapters.data.conversations import MAX_LINE_BYTES, BadRecordError, Conversation, parse_record
+from adapters.data.conversations import BadRecordError, Conversation, from_record
 from adapters.errors import DataError
 from adapters.serving.manifest import file_sha256
+from sidecar.transcript.dataset import MAX_TOTAL_BYTES, DatasetError, ReadLimits, ReadStats, read_conversations
 
 log = structlog.get_logger()
 
-DEFAULT_MAX_BYTES = 4 * 1024**3
 SUFFIXES = (".jsonl", ".jsonl.gz")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-_CHUNK = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class ReadLimits:
-    """Bounds on one source: decompressed bytes (an error past it) and conversations (a stop)."""
-
-    max_bytes: int = DEFAULT_MAX_BYTES
-    max_conversations: int | None = None
+__all__ = ["FileSource", "ReadLimits", "ReadStats", "Source", "check_name", "discover", "explain", "open_source",
+           "read_jsonl", "source_limits", "stats_json"]
 
 
-@dataclass(slots=True)
-class ReadStats:
-    """What reading a source met; filled while its conversations are consumed."""
+def source_limits(max_total_bytes: int, max_records: int | None = None) -> ReadLimits:
+    """The reader's limits for one source, ``--max-input-bytes`` being its byte cap."""
+    return ReadLimits(max_total_bytes=max_total_bytes, max_records=max_records, flag="--max-input-bytes")
 
-    files: int = 0
-    lines: int = 0
-    bytes: int = 0
-    conversations: int = 0
-    malformed: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
 
-    def bad(self, reason: str) -> None:
-        self.malformed += 1
-        key = reason.split(":", 1)[0][:60]
-        self.reasons[key] = self.reasons.get(key, 0) + 1
+def explain(stats: ReadStats, name: str, without_user: int) -> str:
+    """Why ``name`` gave no usable conversation, in one line."""
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats.skipped.items()))
+    return (f"data set {name!r} has no usable conversation: {stats.lines} lines read, {stats.malformed} "
+            f"malformed{f' ({reasons})' if reasons else ''}, {without_user} without a user message")
 
-    def explain(self, name: str, without_user: int) -> str:
-        """Why ``name`` gave no usable conversation, in one line."""
-        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.reasons.items()))
-        return (f"data set {name!r} has no usable conversation: {self.lines} lines read, {self.malformed} "
-                f"malformed{f' ({reasons})' if reasons else ''}, {without_user} without a user message")
 
-    def as_json(self) -> dict[str, Any]:
-        return {"files": self.files, "lines": self.lines, "bytes": self.bytes,
-                "conversations": self.conversations, "malformed": self.malformed,
-                "malformed_reasons": dict(sorted(self.reasons.items()))}
+def stats_json(stats: ReadStats) -> dict[str, Any]:
+    """What a manifest records of a read (no message text)."""
+    return {"files": stats.files, "lines": stats.lines, "bytes": stats.bytes,
+            "conversations": stats.records, "malformed": stats.malformed,
+            "malformed_reasons": dict(sorted(stats.skipped.items()))}
 
 
 class Source(Protocol):
@@ -98,60 +82,21 @@ def is_data_file(path: Path) -> bool:
     return path.name.endswith(SUFFIXES)
 
 
-def _iter_lines(fh: IO[bytes], stats: ReadStats, limits: ReadLimits, where: str) -> Iterator[bytes | None]:
-    """Lines of ``fh``; ``None`` for one over ``MAX_LINE_BYTES`` (skipped without holding it)."""
-    while True:
-        raw = fh.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            return
-        stats.bytes += len(raw)
-        oversized = len(raw) > MAX_LINE_BYTES
-        while oversized and not raw.endswith(b"\n"):
-            raw = fh.readline(_CHUNK)
-            if not raw:
-                break
-            stats.bytes += len(raw)
-            if stats.bytes > limits.max_bytes:
-                break
-        if stats.bytes > limits.max_bytes:
-            raise DataError(
-                f"{where}: more than {limits.max_bytes} bytes (after decompression); pass a smaller file "
-                "or raise --max-input-bytes"
-            )
-        stats.lines += 1
-        yield None if oversized else raw
-
-
-def read_jsonl(path: Path, stats: ReadStats, limits: ReadLimits) -> Iterator[Conversation]:
-    """Conversations of one (gzipped) JSONL file; malformed lines are logged, counted and skipped."""
-    stats.files += 1
+def read_jsonl(path: Path, stats: ReadStats, limits: ReadLimits | None = None) -> Iterator[Conversation]:
+    """Conversations of one (gzipped) JSONL file; malformed lines are counted and skipped."""
     try:
-        fh: IO[bytes] = (
-            gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")  # type: ignore[assignment]  # noqa: SIM115
-        )
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    with fh:
-        try:
-            for lineno, raw in enumerate(_iter_lines(fh, stats, limits, str(path)), start=1):
-                if raw is None:
-                    stats.bad("line too long")
-                    log.warning("adapters.data.bad_record", path=path.name, line=lineno, reason="line too long")
-                    continue
-                if not raw.strip():
-                    continue
-                try:
-                    conv = parse_record(json.loads(raw.decode("utf-8")))
-                except (BadRecordError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-                    stats.bad(str(exc) if isinstance(exc, BadRecordError) else type(exc).__name__)
-                    log.warning("adapters.data.bad_record", path=path.name, line=lineno, reason=str(exc)[:200])
-                    continue
-                stats.conversations += 1
-                yield conv
-        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-            raise DataError(f"{path} is not a valid gzip file ({type(exc).__name__})") from exc
+        for rec in read_conversations(path, stats=stats, limits=limits):
+            try:
+                conv = from_record(rec)
+            except BadRecordError as bad:
+                stats.drop(rec.line, bad.reason)
+                continue
+            yield conv
+    except DatasetError as exc:
+        raise DataError(str(exc)) from exc
     if stats.malformed:
-        log.info("adapters.data.skipped", path=path.name, bad_records=stats.malformed)
+        log.info("adapters.data.skipped", path=path.name, bad_records=stats.malformed,
+                 reasons=dict(sorted(stats.skipped.items())), first=stats.problems)
 
 
 @dataclass
@@ -165,17 +110,16 @@ class FileSource:
     stats: ReadStats = field(default_factory=ReadStats)
 
     def conversations(self) -> Iterator[Conversation]:
-        cap = self.limits.max_conversations
+        cap = self.limits.max_records
         for path in self.paths:
-            for conv in read_jsonl(path, self.stats, self.limits):
-                yield conv
-                if cap is not None and self.stats.conversations >= cap:
-                    log.warning("adapters.source.capped", source=self.name, max_conversations=cap)
-                    return
+            yield from read_jsonl(path, self.stats, self.limits)
+            if cap is not None and self.stats.records >= cap:
+                log.warning("adapters.source.capped", source=self.name, max_conversations=cap)
+                return
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": "jsonl", "location": self.location,
-                "files": {p.name: file_sha256(p) for p in self.paths}, **self.stats.as_json()}
+                "files": {p.name: file_sha256(p) for p in self.paths}, **stats_json(self.stats)}
 
 
 def _dir_files(directory: Path) -> list[Path]:
@@ -222,7 +166,7 @@ def check_name(name: str) -> str:
 def open_source(spec: str, *, datasets_dir: Path | None = None, agent: str | None = None,
                 limits: ReadLimits | None = None, sidecar_config: Path | None = None) -> Source:
     """The source a spec names (see the module docstring); raises :class:`DataError` if none."""
-    limits = limits or ReadLimits()
+    limits = limits or source_limits(MAX_TOTAL_BYTES)
     explicit, target = _split_name(spec.strip())
     if not target:
         raise DataError("empty source spec")

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from adapters.data.conversations import stable_unit
 from adapters.evaluation.metrics import binary_metrics
+from sidecar.tools.classification import precision_recall_f1
 
 Objective = Literal["balanced_accuracy", "f1"]
 OBJECTIVES: tuple[Objective, ...] = ("balanced_accuracy", "f1")
@@ -57,7 +58,7 @@ def objective_value(labels: Sequence[bool], predicted: Sequence[bool], objective
     neg = len(labels) - pos
     if objective == "f1":
         fp = sum(1 for y, p in zip(labels, predicted, strict=True) if not y and p)
-        return 2 * tp / (2 * tp + fp + (pos - tp)) if tp else 0.0
+        return precision_recall_f1(tp, fp, pos - tp)[2] or 0.0
     return ((tp / pos if pos else 0.0) + (tn / neg if neg else 0.0)) / 2
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sidecar.tools.classification import precision_recall_f1
 
-def _prf(tp: int, fp: int, fn: int) -> dict[str, float]:
-    p = tp / (tp + fp) if tp + fp else 0.0
-    r = tp / (tp + fn) if tp + fn else 0.0
-    f = 2 * p * r / (p + r) if p + r else 0.0
-    return {"precision": round(p, 4), "recall": round(r, 4), "f1": round(f, 4)}
+
+def _scores(tp: int, fp: int, fn: int) -> dict[str, float]:
+    """Precision, recall and F1 rounded for the report, 0.0 where undefined."""
+    p, r, f = precision_recall_f1(tp, fp, fn)
+    return {"precision": round(p or 0.0, 4), "recall": round(r or 0.0, 4), "f1": round(f or 0.0, 4)}
 
 
 def roc_auc(labels: Sequence[bool], scores: Sequence[float]) -> float | None:
@@ -46,8 +47,8 @@ def binary_metrics(labels: Sequence[bool], predicted: Sequence[bool],
         "n": n,
         "n_complete": tp + fn,
         "accuracy": round((tp + tn) / n, 4) if n else 0.0,
-        "complete": _prf(tp, fp, fn),
-        "incomplete": _prf(tn, fn, fp),
+        "complete": _scores(tp, fp, fn),
+        "incomplete": _scores(tn, fn, fp),
         "roc_auc": roc_auc(labels, scores) if scores is not None else None,
         "confusion": {"true_complete_pred_complete": tp, "true_complete_pred_incomplete": fn,
                       "true_incomplete_pred_complete": fp, "true_incomplete_pred_incomplete": tn},

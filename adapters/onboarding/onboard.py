@@ -34,16 +34,16 @@ from tqdm import tqdm
 from adapters.data.conversations import (
     Conversation,
     eval_examples,
-    message_to_json,
     messages_from_json,
     stable_unit,
     target_start,
 )
-from adapters.data.sources import ReadLimits, open_source
+from adapters.data.sources import open_source, source_limits
 from adapters.errors import DataError
 from adapters.evaluation.calibrate import Objective, ScoredExample, calibrate
 from adapters.serving.manifest import read_manifest, write_manifest
 from adapters.training.recipe import LoraRecipe
+from sidecar.transcript.dataset import message_json
 
 log = structlog.get_logger()
 
@@ -140,12 +140,12 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _conv_json(c: Conversation) -> dict[str, Any]:
     return {"conversation_id": c.conversation_id, "split_group": c.split_group,
-            "messages": [message_to_json(m) for m in c.messages]}
+            "messages": [message_json(m) for m in c.messages]}
 
 
 def collect(spec: OnboardSpec, specs: tuple[str, ...], *, cap: int, dest: Path) -> dict[str, Any]:
     """Read, clean, de-duplicate and keep the newest ``cap`` conversations with a user message."""
-    limits = ReadLimits(max_bytes=spec.max_input_bytes)
+    limits = source_limits(spec.max_input_bytes)
     by_id: dict[str, Conversation] = {}
     described = []
     no_user = 0
@@ -212,7 +212,7 @@ def _mix(spec: OnboardSpec, dest: Path, want: int) -> int:
     pool: list[Conversation] = []
     for s in spec.mix:
         source = open_source(demo_sample() if s == "demo-sample" else s,
-                             limits=ReadLimits(max_bytes=spec.max_input_bytes))
+                             limits=source_limits(spec.max_input_bytes))
         pool.extend(c for c in source.conversations() if any(m.role == "user" for m in c.messages))
     pool.sort(key=lambda c: stable_unit(c.conversation_id, f"mix:{spec.seed}"))
     _write_jsonl(dest, [_train_record(_conv_json(c)) for c in pool[:want]])

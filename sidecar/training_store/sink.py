@@ -32,7 +32,8 @@ from sidecar.state.hooks import TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.training_store.config import TrainingStoreConfig
 from sidecar.training_store.store import RotatingJsonlStore
-from sidecar.transcript.model import Message, count_turns
+from sidecar.transcript.dataset import message_json
+from sidecar.transcript.model import count_turns
 
 log = structlog.get_logger(__name__)
 
@@ -64,15 +65,6 @@ class TrainingStoreMetrics:
             ["agent"],
             registry=registry,
         )
-
-
-def message_json(m: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.name is not None:
-        out["name"] = m.name
-    if m.tool_calls:
-        out["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in m.tool_calls]
-    return out
 
 
 def conversation_record(ctx: TurnContext, agent: str, redacted: bool) -> dict[str, Any]:

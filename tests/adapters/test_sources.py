@@ -12,7 +12,7 @@ import pytest
 
 from adapters.cli import main
 from adapters.data.prepare import prepare_dataset
-from adapters.data.sources import ReadLimits, discover, open_source
+from adapters.data.sources import discover, open_source, source_limits
 from adapters.errors import DataError
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.demo.replay import conversation_events, encode
@@ -52,7 +52,7 @@ def test_any_name_under_a_datasets_dir_and_any_file(tmp_path: Path, capsys: pyte
     (["--datasets", "empty"], "no usable conversation"),
     (["--datasets", "users-missing"], "1 without a user message"),
     (["--datasets", "garbage"], "3 malformed"),
-    (["--datasets", "notgzip"], "not a valid gzip file"),
+    (["--datasets", "notgzip"], "not a readable gzip"),
 ])
 def test_prepare_explains_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                                          message: str) -> None:
@@ -69,10 +69,10 @@ def test_prepare_explains_unusable_input(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_a_source_over_its_byte_bound_is_an_error_not_a_silent_cut(tmp_path: Path) -> None:
     path = _write(tmp_path / "big.jsonl.gz", _convs(50), gz=True)  # small compressed, larger inflated
-    source = open_source(str(path), limits=ReadLimits(max_bytes=2000))
+    source = open_source(str(path), limits=source_limits(2000))
     with pytest.raises(DataError, match="more than 2000 bytes"):
         list(source.conversations())
-    capped = open_source(str(path), limits=ReadLimits(max_conversations=7))
+    capped = open_source(str(path), limits=source_limits(10**9, max_records=7))
     assert len(list(capped.conversations())) == 7
 
 
@@ -83,7 +83,7 @@ def test_a_line_without_end_is_skipped_without_holding_it(tmp_path: Path) -> Non
         fh.write(b'{"conversation_id": "' + b"z" * (9 * 1024 * 1024))  # 9 MiB, no newline
     source = open_source(str(path))
     assert [c.conversation_id for c in source.conversations()] == ["a/0"]
-    assert source.stats.reasons == {"line too long": 1}
+    assert source.stats.skipped == {"oversized_line": 1}
 
 
 def test_training_store_root_needs_an_agent(tmp_path: Path) -> None:

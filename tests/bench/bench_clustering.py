@@ -48,7 +48,8 @@ from sidecar.tools.clustering.evaluation import (
     diagonal_fraction,
     mean_distance,
 )
-from sidecar.tools.clustering.offline import ReadStats, cluster_conversations, parse_line
+from sidecar.tools.clustering.offline import cluster_conversations
+from sidecar.transcript.dataset import InvalidRecord, parse_line
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,13 +79,13 @@ def load(name: str, n: int, seed: int) -> tuple[list[str], list[str | None]]:
     llm = ExtractiveGoalLLM(cfg)
     summaries: list[str] = []
     goals: list[str | None] = []
-    stats = ReadStats()
     with gzip.open(path, "rb") as fh:
         lines = fh.readlines()
     pick = np.random.default_rng(seed).permutation(len(lines))[: min(n, len(lines))]
     for i in sorted(pick.tolist()):
-        conv = parse_line(lines[i], None, stats)
-        if conv is None:
+        try:
+            conv = parse_line(lines[i])
+        except InvalidRecord:
             continue
         summary = asyncio.run(llm.summarize(conv.messages))
         if not summary:

@@ -47,8 +47,9 @@ from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.scorers import Scorers
 from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander
 from sidecar.tools.demo import models
-from sidecar.tools.eval.dataset import EvalConversation, parse_record, read_dataset
+from sidecar.tools.eval.dataset import EvalConversation, eval_conversation, read_dataset
 from sidecar.tools.eval.run import eval_scoring_config, through_user_message
+from sidecar.transcript.dataset import parse_line
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import Segment, next_step_header
 from tests.bench.bench_uncertainty_stats import (
@@ -85,12 +86,12 @@ def shared_sets(star: int, exclude: set[str]) -> dict[str, list[EvalConversation
             # The simulator's stop token makes the end trivial to spot (the sample strips it too).
             turns = [{**t, "content": t["content"].replace("###STOP###", "").strip()} for t in rec["turns"]]
             rec["turns"] = [t for t in turns if t["content"] or t.get("tool_calls")]
-            tau.append(parse_record(json.dumps(rec).encode()))
+            tau.append(eval_conversation(parse_line(json.dumps(rec).encode())))
     out["tau-bench (shared)"] = [c for c in tau if c.conversation_id not in exclude]
     groups: dict[str, list[EvalConversation]] = {"disc": [], "fail": [], "ok": []}
     with gzip.open(root / "star" / "dev.jsonl.gz", "rb") as fb:
         for raw in fb:
-            c = parse_record(raw)
+            c = eval_conversation(parse_line(raw))
             if c.conversation_id in exclude or not 6 <= len(c.messages) <= 40:
                 continue
             level, ok = c.labels.get("completion_level"), c.labels.get("user_reported_task_success")

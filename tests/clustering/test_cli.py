@@ -10,7 +10,8 @@ import pytest
 
 from sidecar.cli import main
 from sidecar.clustering.embed import SentenceTransformerEmbedder
-from sidecar.tools.clustering.offline import MAX_LINE_BYTES, ReadStats, iter_conversations
+from sidecar.tools.clustering.offline import ReadStats, iter_conversations
+from sidecar.transcript.dataset import MAX_LINE_BYTES
 
 TOPICS = {
     "flights": ["I need to book a flight to {c}", "Find me a plane ticket to {c} next week"],
@@ -77,10 +78,11 @@ def test_clusters_command_with_stability_split_and_plot(tmp_path: Path, capsys: 
     assert doc["used"] == 24 and doc["read"] == 24
     assert doc["skipped"] == {
         "invalid_json": 1,
-        "missing_conversation_id": 2,
+        "bad_conversation_id": 1,
+        "not_an_object": 1,
         "bad_message": 1,
         "bad_messages": 1,
-        "oversized": 1,
+        "oversized_line": 1,
         "invalid_utf8": 1,
     }
     assert 1 <= doc["k"] <= 6
@@ -119,7 +121,7 @@ def test_reader_counts_every_bad_line(tmp_path: Path) -> None:
     write_dataset(data)
     stats = ReadStats()
     convs = list(iter_conversations(data, "domain", stats))
-    assert len(convs) == stats.read == 24
+    assert len(convs) == stats.records == 24
     assert sum(stats.skipped.values()) == 7
     assert convs[0].goal == "flights"
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sidecar.clustering.live import OTHER, UNKNOWN, metric_label
 from sidecar.clustering.llm import extractive_summary, keyword_label, keywords, parse_answer
 from sidecar.clustering.prompts import MergeAnswer, merge_messages, one_line
-from sidecar.tools.clustering.offline import ReadStats, parse_line
+from sidecar.transcript.dataset import InvalidRecord, parse_line
 from sidecar.transcript.model import Message
 
 json_values = st.recursive(
@@ -23,19 +23,24 @@ json_values = st.recursive(
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=2000))
 def test_parse_line_never_raises_on_bytes(data: bytes) -> None:
-    stats = ReadStats()
-    conv = parse_line(data, "meta.goal", stats)
-    assert (conv is None) == (sum(stats.skipped.values()) == 1)
+    try:
+        conv = parse_line(data)
+    except InvalidRecord as bad:
+        assert bad.reason
+    else:
+        assert conv.conversation_id
 
 
 @settings(max_examples=200, deadline=None)
 @given(json_values, json_values)
 def test_parse_line_never_raises_on_json(turns: object, goal: object) -> None:
     rec = {"conversation_id": "c", "turns": turns, "meta": {"goal": goal}}
-    stats = ReadStats()
-    conv = parse_line(json.dumps(rec).encode(), "meta.goal", stats)
-    if conv is not None:
-        assert all(isinstance(m, Message) for m in conv.messages)
+    try:
+        conv = parse_line(json.dumps(rec).encode())
+    except InvalidRecord:
+        return
+    assert all(isinstance(m, Message) for m in conv.messages)
+    assert conv.lookup("meta.goal") == goal
 
 
 @settings(max_examples=200, deadline=None)

@@ -88,11 +88,11 @@ def test_more_conversations_than_available_is_a_usage_error(capsys: pytest.Captu
 
 def test_missing_or_malformed_input_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["demo", "--input", str(tmp_path / "nope.jsonl.gz"), *FAST]) == 2
-    assert "no such file" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl.gz"
     bad.write_bytes(gzip.compress(b'{"conversation_id": "a", "turns": [{"role": "hacker"}]}\n'))
     assert cli.main(["demo", "--input", str(bad), *FAST]) == 2
-    assert "line 1: turn 0 needs a role" in capsys.readouterr().err
+    assert "line 1: bad message" in capsys.readouterr().err
     empty = tmp_path / "empty.jsonl.gz"
     empty.write_bytes(gzip.compress(b""))
     assert cli.main(["demo", "--input", str(empty), *FAST]) == 2

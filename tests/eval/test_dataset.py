@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.errors import ConfigError
-from sidecar.tools.eval.dataset import MAX_LINE_BYTES, read_dataset
+from sidecar.tools.eval.dataset import read_dataset
+from sidecar.transcript.dataset import MAX_LINE_BYTES
 
 GOOD = {
     "conversation_id": "star/1",
@@ -92,7 +93,7 @@ def test_files_without_conversations_are_errors(tmp_path: Path, content: bytes, 
 def test_missing_directory_oversized_and_corrupt_inputs(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         read_dataset(tmp_path / "nope.jsonl", max_bytes=LIMIT)
-    with pytest.raises(ConfigError, match="not a file"):
+    with pytest.raises(ConfigError, match="not a regular file"):
         read_dataset(tmp_path, max_bytes=LIMIT)
     big = write(tmp_path / "big.jsonl", [json.dumps(GOOD)] * 100)
     with pytest.raises(ConfigError, match=r"bytes; the limit is 1000 \(--max-input-bytes\)"):

@@ -12,13 +12,13 @@ import pytest
 
 from sidecar.errors import ConfigError
 from sidecar.tools.judge.dataset import (
-    MAX_LINE_BYTES,
     ReadStats,
     as_label,
     check_input,
     read_examples,
     truncation_turn,
 )
+from sidecar.transcript.dataset import MAX_LINE_BYTES
 from sidecar.transcript.model import count_turns
 
 
@@ -50,9 +50,9 @@ def test_bad_lines_are_skipped_and_counted(tmp_path: Path) -> None:
     stats = ReadStats()
     got = list(read_examples(write(tmp_path / "c.jsonl", lines), stats=stats))
     assert [e.conversation_id for e in got] == ["ok", "ok2"]
-    assert stats.read == 2
-    assert stats.skipped == {"invalid_json": 1, "invalid_utf8": 1, "missing_conversation_id": 1, "bad_message": 1,
-                             "no_user_turn": 1, "bad_messages": 1, "oversized": 1}  # fmt: skip
+    assert stats.records == 2
+    assert stats.skipped == {"invalid_json": 1, "invalid_utf8": 1, "not_an_object": 1, "bad_message": 1,
+                             "no_user_message": 1, "bad_messages": 1, "oversized_line": 1}  # fmt: skip
 
 
 def test_gzip_and_the_stop_artefact(tmp_path: Path) -> None:

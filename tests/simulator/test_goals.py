@@ -32,7 +32,7 @@ def test_goal_specs_and_dataset_records(tmp_path: Path) -> None:
     assert [g.goal_id for g in goals] == ["taxi", "line-2", "optimouse/1", "tau/1", "star/1", "multiwoz/1"]
     assert goals[1].goal == "Find a museum." and goals[0].domain == "taxi" and goals[4].domain == "doctor"
     assert goals[5].goal == "You are looking for a place to stay. It should be cheap & quiet."
-    assert goals[2].source == "optimouse" and stats.read == 6 and stats.skipped == {}
+    assert goals[2].source == "optimouse" and stats.records == 6 and stats.skipped == {}
 
 
 def test_bad_lines_are_skipped_and_counted(tmp_path: Path) -> None:
@@ -66,7 +66,7 @@ def test_bad_files_are_refused(tmp_path: Path) -> None:
         load_goals(big, max_file_bytes=100, max_goal_chars=1000)
     broken = tmp_path / "broken.jsonl.gz"
     broken.write_bytes(b"not gzip at all")
-    with pytest.raises(ConfigError, match="cannot be read"):
+    with pytest.raises(ConfigError, match="not a readable gzip"):
         load_goals(broken, max_file_bytes=1000, max_goal_chars=1000)
 
 

@@ -8,13 +8,13 @@ Three pieces, usable on their own (the kill test and the benchmark reuse the fir
 * :func:`produce`: write events to a topic with aiokafka at a bounded rate.
 
 Dataset records follow the shared JSONL schema: ``conversation_id``, ``source``, ``turns`` of
-``{role, content, tool_calls?, name?}``. :func:`load_jsonl_gz` reads and checks them.
+``{role, content, tool_calls?, name?}``. :func:`load_jsonl_gz` reads them with
+:mod:`sidecar.transcript.dataset` in strict mode: the first malformed line is an error naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
 import math
 import random
@@ -23,11 +23,12 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 from aiokafka import AIOKafkaProducer
 
 from sidecar.errors import SidecarError
+from sidecar.transcript.dataset import DatasetError, ReadStats, read_conversations, record_json
 
 Event = dict[str, Any]
 ProgressFn = Callable[[int], None]
@@ -35,9 +36,7 @@ ProgressFn = Callable[[int], None]
 # Fixed namespace: event ids are a pure function of (conversation_id, seq), so a replay of the same
 # conversation produces the same ids and the sidecar recognises duplicates.
 EVENT_ID_NAMESPACE: Final = uuid.UUID("5f0c7e52-3c1e-4bb0-9d7a-0c6a51d1f1a7")
-ROLES: Final = frozenset({"system", "user", "assistant", "tool"})
 SAMPLE_RESOURCE: Final = ("sidecar.tools.demo", "data/sample.jsonl.gz")
-MAX_LINE_BYTES: Final = 4 * 1_048_576
 _AGENT_OK: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 
 
@@ -148,66 +147,33 @@ def interleave(
             open_.pop()
 
 
-def _check_record(rec: object, where: str) -> dict[str, Any]:
-    if not isinstance(rec, dict):
-        raise SampleError(f"{where}: a record must be a JSON object")
-    cid = rec.get("conversation_id")
-    if not isinstance(cid, str) or not 1 <= len(cid) <= 256:
-        raise SampleError(f"{where}: conversation_id must be a string of 1-256 characters")
-    turns = rec.get("turns")
-    if not isinstance(turns, list):
-        raise SampleError(f"{where}: turns must be a list")
-    for j, turn in enumerate(turns):
-        if not isinstance(turn, dict) or turn.get("role") not in ROLES or not isinstance(turn.get("content"), str):
-            raise SampleError(f"{where}: turn {j} needs a role in {sorted(ROLES)} and a string content")
-        calls = turn.get("tool_calls")
-        if calls is not None and not (
-            isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls)
-        ):
-            raise SampleError(f"{where}: turn {j} tool_calls must be a list of objects with a name")
-        if turn.get("name") is not None and not isinstance(turn["name"], str):
-            raise SampleError(f"{where}: turn {j} name must be a string")
-    if not isinstance(rec.get("source", ""), str):
-        raise SampleError(f"{where}: source must be a string")
-    return rec
+# The event contract's bound on conversation ids (``schemas/event-v1.schema.json``).
+MAX_CONVERSATION_ID_CHARS: Final = 256
 
 
-def _read_lines(fh: IO[bytes], label: str) -> list[dict[str, Any]]:
+def _load(path: Path) -> list[dict[str, Any]]:
     records = []
     try:
-        with gzip.GzipFile(fileobj=fh) as gz:
-            for n, line in enumerate(iter(lambda: gz.readline(MAX_LINE_BYTES + 1), b""), start=1):
-                where = f"{label} line {n}"
-                if len(line) > MAX_LINE_BYTES:
-                    raise SampleError(f"{where}: longer than {MAX_LINE_BYTES} bytes")
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line.decode("utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise SampleError(f"{where}: not valid UTF-8 JSON ({exc.__class__.__name__})") from exc
-                records.append(_check_record(rec, where))
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
-        raise SampleError(f"{label}: not a readable gzip file ({exc})") from exc
+        for rec in read_conversations(path, stats=ReadStats(), strict=True):
+            if len(rec.conversation_id) > MAX_CONVERSATION_ID_CHARS:
+                raise SampleError(f"{path}: line {rec.line}: conversation_id is longer than "
+                                  f"{MAX_CONVERSATION_ID_CHARS} characters (the event contract's limit)")
+            records.append(record_json(rec))
+    except DatasetError as exc:
+        raise SampleError(str(exc)) from exc
     return records
 
 
 def load_jsonl_gz(path: str | Path) -> list[dict[str, Any]]:
-    """Read a gzipped JSONL conversations file; raise :class:`SampleError` naming the bad line."""
-    try:
-        with Path(path).open("rb") as fh:
-            return _read_lines(fh, str(path))
-    except FileNotFoundError as exc:
-        raise SampleError(f"{path}: no such file") from exc
-    except IsADirectoryError as exc:
-        raise SampleError(f"{path}: is a directory") from exc
+    """Read a (gzipped) JSONL conversations file; raise :class:`SampleError` naming the bad line."""
+    return _load(Path(path))
 
 
 def load_sample() -> list[dict[str, Any]]:
     """The bundled demo sample (see ``sidecar/tools/demo/data/ATTRIBUTION.md``)."""
     package, name = SAMPLE_RESOURCE
-    with resources.files(package).joinpath(name).open("rb") as fh:
-        return _read_lines(fh, "bundled sample")
+    with resources.as_file(resources.files(package).joinpath(name)) as path:
+        return _load(path)
 
 
 def encode(event: Mapping[str, Any]) -> tuple[bytes, bytes]:

@@ -215,7 +215,8 @@ def _load(args: argparse.Namespace) -> tuple[list[JudgeExample], ReadStats]:
     stats = ReadStats()
     examples: list[JudgeExample] = []
     for path in args.inputs:
-        found = read_examples(path, stats=stats, protocol=args.protocol, label_field=args.label_field, seed=args.seed)
+        found = read_examples(path, stats=stats, protocol=args.protocol, label_field=args.label_field, seed=args.seed,
+                              max_file_bytes=args.max_file_bytes)
         for ex in found:
             if args.limit is not None and len(examples) >= args.limit:
                 break
@@ -272,7 +273,7 @@ def run_judge_command(args: argparse.Namespace) -> int:
     verdicts = asyncio.run(main())
     summary: dict[str, Any] = {
         "inputs": [str(p) for p in args.inputs],
-        "read": stats.read,
+        "read": stats.records,
         "skipped": stats.skipped,
         "model": cfg.llm.model,
         **_summary(verdicts),

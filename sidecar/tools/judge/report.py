@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sidecar.tools.classification import confusion, precision_recall_f1
+
 
 @dataclass(frozen=True, slots=True)
 class MethodRow:
@@ -51,20 +53,11 @@ def classification_row(
     completion_tokens: float | None = None,
 ) -> MethodRow:
     """A row from true labels and predictions (True = complete); cost totals become per-conversation."""
-    if len(labels) != len(predictions):
-        raise ValueError(f"{len(labels)} labels for {len(predictions)} predictions")
-    n = len(labels)
-    tp = sum(1 for y, p in zip(labels, predictions, strict=True) if y and p)
-    fp = sum(1 for y, p in zip(labels, predictions, strict=True) if not y and p)
-    fn = sum(1 for y, p in zip(labels, predictions, strict=True) if y and not p)
-    tn = n - tp - fp - fn
-    precision = _ratio(tp, tp + fp)
-    recall = _ratio(tp, tp + fn)
-    f1 = (
-        2 * precision * recall / (precision + recall)
-        if precision is not None and recall is not None and precision + recall > 0
-        else (0.0 if n else None)
-    )
+    c = confusion(labels, predictions)
+    n, tp, tn = c.n, c.tp, c.tn
+    precision, recall, f1 = precision_recall_f1(c.tp, c.fp, c.fn)
+    if f1 is None and n:
+        f1 = 0.0
     return MethodRow(
         method, n, _ratio(tp + tn, n), precision if precision is not None else (0.0 if n else None),
         recall, f1, judge_free, undecided,

@@ -8,23 +8,22 @@ One JSON object per line (gzip allowed), either
   ``meta.user_task``, MultiWOZ ``meta.goal_message`` (the crowd worker's sentences, HTML removed).
   A record without one of these (SGD has none) is skipped as ``no_goal``.
 
-Lines that are not JSON objects, goals that are empty or longer than the limit, and repeated goal
-ids are skipped and counted by reason; a file over ``max_file_bytes`` is refused up front.
+The file is read with :mod:`sidecar.transcript.dataset` (its limits policy: lines over 8 MiB and
+lines that are not JSON objects are skipped and counted by reason; a file over ``max_file_bytes``,
+on disk or once decompressed, is refused). Goals that are empty or longer than the limit, and
+repeated goal ids, are skipped and counted by reason too.
 """
 
 from __future__ import annotations
 
-import gzip
 import html
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
-from sidecar.errors import ConfigError
+from sidecar.transcript.dataset import ReadLimits, ReadStats, read_objects
 
-MAX_LINE_BYTES = 4 * 1024 * 1024
 _TAG = re.compile(r"<[^>]{0,200}>")
 _WS = re.compile(r"\s+")
 
@@ -39,15 +38,7 @@ class GoalSpec:
     source: str = ""
 
 
-@dataclass(slots=True)
-class GoalStats:
-    """Goals read and lines skipped, by reason."""
-
-    read: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-
-    def skip(self, reason: str) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+GoalStats = ReadStats  # goals read (``records``) and lines skipped, by reason
 
 
 def _text(value: Any) -> str:
@@ -91,51 +82,23 @@ def goal_from_record(record: Any, line_no: int) -> GoalSpec | str:
     return GoalSpec(cid, goal, domain if isinstance(domain, str) else "", source if isinstance(source, str) else "")
 
 
-def _open(path: Path) -> IO[bytes]:
-    return cast("IO[bytes]", gzip.open(path, "rb")) if path.suffix == ".gz" else path.open("rb")
-
-
-def _read(fh: IO[bytes], path: Path, max_goal_chars: int, limit: int | None) -> tuple[list[GoalSpec], GoalStats]:
+def load_goals(
+    path: Path, *, max_file_bytes: int, max_goal_chars: int, limit: int | None = None
+) -> tuple[list[GoalSpec], GoalStats]:
+    """The goals of ``path`` in file order (at most ``limit``); raises :class:`ConfigError` on a bad file."""
     stats = GoalStats()
+    limits = ReadLimits(max_total_bytes=max_file_bytes, max_records=limit, flag="--max-file-bytes")
     goals: list[GoalSpec] = []
     seen: set[str] = set()
-    for n, line in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), start=1):
-        if limit is not None and len(goals) >= limit:
-            break
-        if not line.strip():
-            continue
-        if len(line) > MAX_LINE_BYTES:
-            raise ConfigError(f"{path} line {n}: longer than {MAX_LINE_BYTES} bytes")
-        try:
-            got = goal_from_record(json.loads(line.decode("utf-8")), n)
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            got = "invalid_json"
+    for n, record in read_objects(path, stats=stats, limits=limits):
+        got = goal_from_record(record, n)
         if isinstance(got, GoalSpec) and len(got.goal) > max_goal_chars:
             got = "goal_too_long"
         elif isinstance(got, GoalSpec) and got.goal_id in seen:
             got = "duplicate_goal_id"
         if isinstance(got, str):
-            stats.skip(got)
+            stats.drop(n, got)
             continue
         seen.add(got.goal_id)
         goals.append(got)
-        stats.read += 1
     return goals, stats
-
-
-def load_goals(
-    path: Path, *, max_file_bytes: int, max_goal_chars: int, limit: int | None = None
-) -> tuple[list[GoalSpec], GoalStats]:
-    """The goals of ``path`` in file order (at most ``limit``); raises :class:`ConfigError` on a bad file."""
-    if not path.exists():
-        raise ConfigError(f"goals file {path} does not exist")
-    if not path.is_file():
-        raise ConfigError(f"goals file {path} is not a regular file")
-    size = path.stat().st_size
-    if size > max_file_bytes:
-        raise ConfigError(f"goals file {path} is {size} bytes; the limit is {max_file_bytes} (--max-file-bytes)")
-    try:
-        with _open(path) as fh:
-            return _read(fh, path, max_goal_chars, limit)
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
-        raise ConfigError(f"goals file {path} cannot be read: {exc}") from exc

@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sidecar.tools.classification import f_measure
+
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 
 
@@ -42,7 +44,7 @@ class Score:
 def _score(overlap: int, predicted: int, target: int) -> Score:
     p = overlap / predicted if predicted else 0.0
     r = overlap / target if target else 0.0
-    return Score(p, r, 2 * p * r / (p + r) if p + r > 0 else 0.0)
+    return Score(p, r, f_measure(p, r))
 
 
 def _ngrams(tokens: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
