@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.argtypes import whole_number
 from sidecar.errors import ConfigError
 from sidecar.judge.chat import OpenAIChatClient
-from sidecar.judge.config import ChatEndpointConfig
+from sidecar.llm.config import ChatEndpointConfig
 from sidecar.simulator.agents import AssistantAgent, SummaryChecker, UserAgent
 from sidecar.simulator.config import SimulatorConfig
 from sidecar.simulator.dialogue import Dialogue, SimulatedConversation

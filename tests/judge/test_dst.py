@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sidecar.judge.chat import ChatMessage, ChatUnavailable, OpenAIChatClient
-from sidecar.judge.config import ChatEndpointConfig
 from sidecar.judge.dst import DstJudge, DstTurn, dst_messages
+from sidecar.llm.config import ChatEndpointConfig
 from tests.judge.fakes import ScriptedChat
 from tests.support.vllm_server import VllmServer
 
