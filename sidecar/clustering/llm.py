@@ -200,13 +200,13 @@ class _ClusteringCallLog(CallObserver):
 
     def failed(self, failure: Failure) -> None:
         self._metrics.llm_errors.labels(self._kind).inc()
-        exc = failure.exc
-        if isinstance(exc, openai.APIStatusError) and not isinstance(exc, openai.RateLimitError):
-            log.warning("clustering.llm_http_error", kind=self._kind, status=exc.status_code)
+        error = type(failure.exc).__name__
+        if failure.status is not None and failure.status != 429:  # 429 is logged as unavailable, as before
+            log.warning("clustering.llm_http_error", kind=self._kind, status=failure.status)
         elif failure.kind == "retryable":
-            log.warning("clustering.llm_unavailable", kind=self._kind, error=type(exc).__name__)
+            log.warning("clustering.llm_unavailable", kind=self._kind, error=error)
         else:
-            log.warning("clustering.llm_bad_response", kind=self._kind, error=type(exc).__name__)
+            log.warning("clustering.llm_bad_response", kind=self._kind, error=error)
 
 
 class OpenAIGoalLLM:

@@ -71,6 +71,11 @@ class Failure:
     """No retry follows: the call raises next (the refusal, or ``unavailable`` once the budget is spent)."""
 
     @property
+    def status(self) -> int | None:
+        """The HTTP status the endpoint answered with, if it answered."""
+        return self.exc.status_code if isinstance(self.exc, openai.APIStatusError) else None
+
+    @property
     def kind(self) -> str:
         """``permanent`` or ``retryable`` (a closed label set)."""
         return "permanent" if isinstance(self.error, LlmRequestError) else "retryable"
