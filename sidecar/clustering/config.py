@@ -6,26 +6,28 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from sidecar.llm.config import LlmEndpointConfig
+
 ClusteringMode = Literal["llm", "extractive"]
 EmbeddingBackend = Literal["local", "openai"]
 StopRule = Literal["all_pairs", "consecutive_failures"]
 
 
-class ClusteringLLMConfig(BaseModel):
-    """The instruct model that summarises, describes and decides merges (mode ``llm``)."""
+class ClusteringLLMConfig(LlmEndpointConfig):
+    """The instruct model that summarises, describes and decides merges (mode ``llm``).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Its calls are not retried by default (``max_attempts`` 1) and it has no breaker (threshold 0):
+    a failure aborts the re-clustering run, the live clusters are kept and the next run tries again.
+    """
 
-    base_url: str = Field(
-        "http://127.0.0.1:8000/v1", description="OpenAI-compatible API root (vLLM: http://host:port/v1)."
-    )
     model: str = Field("base", description="Model name sent in each chat request.")
-    api_key: SecretStr = Field(SecretStr(""), description="Bearer token, if the endpoint wants one.")
-    request_timeout_seconds: float = Field(60.0, gt=0, description="Timeout of one chat request.")
     max_tokens: int = Field(256, ge=8, le=4096, description="Cap on generated tokens per answer.")
     temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature (0 = greedy).")
     guided_json: bool = Field(True, description="Ask for JSON-schema guided decoding (response_format=json_schema).")
-    max_concurrency: int = Field(4, ge=1, le=256, description="Concurrent chat requests at most.")
+    max_attempts: int = Field(1, ge=1, le=20, description="Attempts per request on retryable failures.")
+    breaker_failure_threshold: int = Field(
+        0, ge=0, description="Consecutive retryable failures that open the circuit breaker (0: no breaker)."
+    )
     application_context: str = Field(
         "",
         max_length=4000,

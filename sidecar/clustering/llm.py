@@ -4,10 +4,12 @@
 production) for JSON answers, schema-guided where the server supports ``response_format`` of type
 ``json_schema``, and validates them with pydantic. An answer that does not validate gets a safe
 default - the extractive summary, the previous (or a keyword) label, no merge - and is counted in
-``sidecar_clustering_llm_invalid_answers_total{kind}``. A request that fails (timeout, refused
-connection, HTTP error) is counted in ``sidecar_clustering_llm_errors_total{kind}`` and raised as
-:class:`RetryableError` / :class:`PermanentError`: an outage must abort a re-clustering run (the
-live clusters are kept), not silently turn it into "nothing merges".
+``sidecar_clustering_llm_invalid_answers_total{kind}``. Requests go through the shared
+:class:`~sidecar.llm.endpoint.LlmEndpoint` (its classification, retry and breaker, as configured in
+``clustering.llm``); a request that fails (timeout, refused connection, HTTP error) is counted in
+``sidecar_clustering_llm_errors_total{kind}`` and raised as :class:`RetryableError` /
+:class:`PermanentError`: an outage must abort a re-clustering run (the live clusters are kept), not
+silently turn it into "nothing merges".
 
 :class:`ExtractiveGoalLLM` is the LLM-free mode, for deployments without an instruct model. It is
 documented as the weaker option: summaries are the user's own first messages, labels are keywords
@@ -17,7 +19,6 @@ cosine similarity reaches a threshold.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
@@ -41,7 +42,7 @@ from sidecar.clustering.prompts import (
     one_line,
     summary_messages,
 )
-from sidecar.errors import PermanentError, RetryableError
+from sidecar.llm.endpoint import CallObserver, Failure, LlmEndpoint
 from sidecar.transcript.model import Message
 
 log = structlog.get_logger()
@@ -190,8 +191,26 @@ def parse_answer(raw: str | None, model: type[A]) -> A | None:
         return None
 
 
+class _ClusteringCallLog(CallObserver):
+    """One request's error counter and log events, by decision kind."""
+
+    def __init__(self, metrics: ClusteringMetrics, kind: str) -> None:
+        self._metrics = metrics
+        self._kind = kind
+
+    def failed(self, failure: Failure) -> None:
+        self._metrics.llm_errors.labels(self._kind).inc()
+        error = type(failure.exc).__name__
+        if failure.status is not None and failure.status != 429:  # 429 is logged as unavailable, as before
+            log.warning("clustering.llm_http_error", kind=self._kind, status=failure.status)
+        elif failure.kind == "retryable":
+            log.warning("clustering.llm_unavailable", kind=self._kind, error=error)
+        else:
+            log.warning("clustering.llm_bad_response", kind=self._kind, error=error)
+
+
 class OpenAIGoalLLM:
-    """Algorithm 1's LLM over ``openai.AsyncOpenAI`` (``max_retries=0``: one retry layer only)."""
+    """Algorithm 1's LLM over the shared :class:`~sidecar.llm.endpoint.LlmEndpoint`."""
 
     def __init__(
         self,
@@ -205,20 +224,15 @@ class OpenAIGoalLLM:
         self._max_summary = config.max_summary_chars
         self._min_df = config.keyword_min_document_frequency
         self._examples = config.examples_per_group
-        self._client = client or openai.AsyncOpenAI(
-            base_url=llm.base_url,
-            api_key=llm.api_key.get_secret_value() or "none",
-            timeout=llm.request_timeout_seconds,
-            max_retries=0,
-        )
-        self._sem = asyncio.Semaphore(llm.max_concurrency)
+        self._endpoint = LlmEndpoint(llm, client=client)
+        self._client = self._endpoint.client
 
     @property
     def describe_examples(self) -> int:
         return self._examples
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._endpoint.aclose()
 
     async def _ask(self, kind: str, messages: list[dict[str, str]], answer: type[A]) -> A | None:
         kwargs: dict[str, Any] = {
@@ -229,23 +243,10 @@ class OpenAIGoalLLM:
         }
         if self._cfg.guided_json:
             kwargs["response_format"] = _schema(answer, kind)
-        async with self._sem:
-            self._metrics.llm_calls.labels(kind).inc()
-            try:
-                resp = await self._client.chat.completions.create(**kwargs)
-            except (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError) as exc:
-                self._metrics.llm_errors.labels(kind).inc()
-                log.warning("clustering.llm_unavailable", kind=kind, error=type(exc).__name__)
-                raise RetryableError(f"clustering LLM unavailable: {type(exc).__name__}") from exc
-            except openai.APIStatusError as exc:
-                self._metrics.llm_errors.labels(kind).inc()
-                log.warning("clustering.llm_http_error", kind=kind, status=exc.status_code)
-                cls = RetryableError if exc.status_code >= 500 else PermanentError
-                raise cls(f"clustering LLM answered HTTP {exc.status_code}") from exc
-            except openai.APIError as exc:  # e.g. a body the client itself cannot read
-                self._metrics.llm_errors.labels(kind).inc()
-                log.warning("clustering.llm_bad_response", kind=kind, error=type(exc).__name__)
-                raise PermanentError(f"clustering LLM response unusable: {type(exc).__name__}") from exc
+        self._metrics.llm_calls.labels(kind).inc()
+        resp = await self._endpoint.call(
+            lambda: self._client.chat.completions.create(**kwargs), _ClusteringCallLog(self._metrics, kind)
+        )
         content = resp.choices[0].message.content if resp.choices else None
         parsed = parse_answer(content, answer)
         if parsed is None:

@@ -2,15 +2,10 @@
 
 The judge and the simulator's agents both talk through it. Guarantees:
 
-* One retry layer. The ``openai`` client's own retries are off (``max_retries=0``); retryable
-  failures (connection, timeout, 5xx, 408/409/429, as :func:`sidecar.scoring.client.classify`
-  decides for the scorers) are retried with the scorers' full-jitter capped backoff for at most
-  ``max_attempts`` attempts and ``retry_max_elapsed_seconds``, then
-  :class:`~sidecar.errors.RetryableError` is raised. Other 4xx raise
-  :class:`~sidecar.errors.PermanentError` at once (``reason``: ``prompt_too_long``, ``http_400``...).
-* The scorers' :class:`~sidecar.scoring.resilience.CircuitBreaker` opens after consecutive
-  failures; while it is open, calls wait for its probe instead of hammering the endpoint.
-* At most ``max_concurrency`` requests are in flight.
+* One retry layer, breaker and concurrency bound: the shared :class:`~sidecar.llm.endpoint.LlmEndpoint`
+  (retryable failures retried a bounded number of times, then :class:`ChatUnavailable`; a refusal
+  or an unreadable body :class:`ChatRequestError` at once, ``reason``: ``prompt_too_long``,
+  ``http_400``, ``bad_response``...; while the breaker is open, calls wait for its probe).
 * Every answered request's usage (prompt and completion tokens) is returned with its text, so a
   caller can account cost per conversation; a response without ``usage`` counts 0 tokens.
 * Structured output is requested as configured; the text is returned as is (validation is the
@@ -19,8 +14,6 @@ The judge and the simulator's agents both talk through it. Guarantees:
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,26 +21,21 @@ from typing import Any, Protocol
 import openai
 import structlog
 
-from sidecar.errors import PermanentError, RetryableError
-from sidecar.judge.config import ChatEndpointConfig
-from sidecar.scoring.client import classify
-from sidecar.scoring.resilience import CircuitBreaker, backoff_delay
+from sidecar.llm.config import ChatEndpointConfig
+from sidecar.llm.endpoint import CallObserver, Failure, LlmEndpoint
+from sidecar.llm.errors import LlmRequestError, LlmUnavailable
 
 log = structlog.get_logger()
 
 ChatMessage = Mapping[str, str]
 
 
-class ChatUnavailable(RetryableError):
+class ChatUnavailable(LlmUnavailable):
     """The endpoint could not be reached within one request's retry budget."""
 
 
-class ChatRequestError(PermanentError):
+class ChatRequestError(LlmRequestError):
     """The endpoint refused the request or answered with something unreadable."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,24 +63,33 @@ def _tokens(usage: Any, field: str) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
+class _ChatLog(CallObserver):
+    """The chat client's log events (``chat.request_refused``, ``chat.unavailable``)."""
+
+    def __init__(self, model: str) -> None:
+        self._model = model
+
+    def failed(self, failure: Failure) -> None:
+        if isinstance(failure.error, LlmRequestError):
+            log.warning("chat.request_refused", model=self._model, reason=failure.error.reason)
+        elif failure.final:
+            log.warning("chat.unavailable", model=self._model, attempts=failure.attempts, error=str(failure.error))
+
+
 class OpenAIChatClient:
-    """:class:`ChatClient` over ``openai.AsyncOpenAI`` (see the module docstring)."""
+    """:class:`ChatClient` over the shared :class:`~sidecar.llm.endpoint.LlmEndpoint` (see the module docstring)."""
 
     def __init__(self, config: ChatEndpointConfig, client: openai.AsyncOpenAI | None = None) -> None:
         """``client`` replaces the SDK client (tests pass one built on ``httpx.MockTransport``)."""
         self.config = config
-        self._client = client or openai.AsyncOpenAI(
-            base_url=config.base_url,
-            api_key=config.api_key.get_secret_value() or "none",
-            timeout=config.request_timeout_seconds,
-            max_retries=0,
-        )
-        self._semaphore = asyncio.Semaphore(config.max_concurrency)
-        self.breaker = CircuitBreaker(config.breaker_failure_threshold, config.breaker_reset_seconds)
+        self._endpoint = LlmEndpoint(config, client=client, unavailable=ChatUnavailable, refused=ChatRequestError)
+        self._client = self._endpoint.client
+        self.breaker = self._endpoint.breaker
+        self._log = _ChatLog(config.model)
 
     async def aclose(self) -> None:
         """Close connections; idempotent."""
-        await self._client.close()
+        await self._endpoint.aclose()
 
     def _request(self, messages: Sequence[ChatMessage], schema: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
         cfg = self.config
@@ -112,44 +109,8 @@ class OpenAIChatClient:
     async def chat(
         self, messages: Sequence[ChatMessage], *, schema: Mapping[str, Any] | None = None, name: str = "answer"
     ) -> ChatReply:
-        cfg = self.config
         kwargs = self._request(messages, schema, name)
-        started = time.monotonic()
-        attempt = 0
-        async with self._semaphore:
-            while True:
-                await self.breaker.acquire()
-                try:
-                    resp = await self._client.chat.completions.create(**kwargs)
-                except Exception as exc:
-                    error = classify(exc)
-                    if error is None:
-                        # A body the SDK cannot read: an APIError, or the JSON decoder's ValueError.
-                        if isinstance(exc, openai.APIError | ValueError):
-                            self.breaker.record_success()  # the endpoint answered: it is up
-                            raise ChatRequestError("bad_response", type(exc).__name__) from exc
-                        self.breaker.release_probe()
-                        raise
-                    if isinstance(error, PermanentError):
-                        self.breaker.record_success()  # the endpoint answered: it is up
-                        reason = getattr(error, "reason", "refused")
-                        log.warning("chat.request_refused", model=cfg.model, reason=reason)
-                        raise ChatRequestError(str(reason), "the endpoint refused the request") from exc
-                    self.breaker.record_failure()
-                    attempt += 1
-                    elapsed = time.monotonic() - started
-                    if attempt >= cfg.max_attempts or elapsed >= cfg.retry_max_elapsed_seconds:
-                        log.warning("chat.unavailable", model=cfg.model, attempts=attempt, error=str(error))
-                        raise ChatUnavailable(f"{attempt} attempts over {elapsed:.1f}s: {error}") from exc
-                    await asyncio.sleep(
-                        backoff_delay(attempt, cfg.retry_initial_backoff_seconds, cfg.retry_max_backoff_seconds)
-                    )
-                    continue
-                except BaseException:
-                    self.breaker.release_probe()
-                    raise
-                self.breaker.record_success()
-                break
+        resp = await self._endpoint.call(lambda: self._client.chat.completions.create(**kwargs), self._log)
         return _reply(resp)
 
 

@@ -5,13 +5,14 @@ Guarantees:
 * Prompts are token ids and ``return_tokens_as_token_ids`` is always on, so every returned token
   and every top-logprob key is an exact id (``"token_id:N"``), never an ambiguous decoded string.
 * Sampling is greedy (``temperature=0``); logprobs are the model's raw ones.
-* One retry layer: the ``openai`` client's own retries are off (``max_retries=0``); here, retryable
-  failures (connection, timeout, 5xx, 429) are retried with full-jitter capped backoff for at most
-  ``max_attempts`` attempts and ``retry_max_elapsed_seconds``, then :class:`VllmUnavailable`
-  (a :class:`~sidecar.errors.RetryableError`) is raised. Permanent failures (other 4xx, a malformed
-  response) raise :class:`~sidecar.errors.PermanentError` at once.
-* A circuit breaker opens after consecutive failures; while open, calls *wait* (backpressure), and
-  one probe at a time tests recovery. At most ``max_concurrency`` requests are in flight.
+* One retry layer, circuit breaker and concurrency bound: the shared
+  :class:`~sidecar.llm.endpoint.LlmEndpoint` (the ``openai`` client's own retries are off).
+  Retryable failures (connection, timeout, 5xx, 408/409/429) are retried with capped, jittered
+  backoff for at most ``max_attempts`` attempts and ``retry_max_elapsed_seconds``, then
+  :class:`VllmUnavailable` (a :class:`~sidecar.errors.RetryableError`) is raised. Permanent failures
+  (other 4xx, a malformed response) raise :class:`~sidecar.errors.PermanentError` at once. The
+  breaker opens after consecutive failures; while open, calls *wait* (backpressure), and one probe
+  at a time tests recovery. At most ``max_concurrency`` requests are in flight.
 * Per served model (adapter): latency, prompt/generated tokens, errors by kind, on the registry.
 """
 
@@ -22,39 +23,33 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
-import openai
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.errors import PermanentError, RetryableError
 from sidecar.lifecycle import Health
+from sidecar.llm.breaker import BREAKER_STATE_VALUE
+from sidecar.llm.endpoint import CallObserver, Failure, LlmEndpoint
+from sidecar.llm.errors import LlmRequestError, LlmUnavailable
 from sidecar.scoring.config import VllmEndpointConfig
 from sidecar.scoring.metrics import VllmMetrics
-from sidecar.scoring.resilience import BREAKER_STATE_VALUE, CircuitBreaker, backoff_delay
 from sidecar.supervision import Supervised, spawn
 
 log = structlog.get_logger()
 
 _TOKEN_PREFIX = "token_id:"  # noqa: S105 (a vLLM key prefix, not a secret)
-_RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 
-class VllmUnavailable(RetryableError):
+class VllmUnavailable(LlmUnavailable):
     """vLLM could not be reached within one call's retry budget."""
 
 
-class VllmRequestError(PermanentError):
+class VllmRequestError(LlmRequestError):
     """vLLM refused the request (4xx) or answered with something unreadable."""
-
-    def __init__(self, reason: str, detail: str, status: int | None = None) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,22 +143,34 @@ def parse_choice(choice: Mapping[str, Any]) -> GeneratedChoice:
     return GeneratedChoice(ids, values, tops, choice.get("finish_reason"))
 
 
-def classify(exc: BaseException) -> RetryableError | PermanentError | None:
-    """Map an ``openai``/``httpx`` exception to the sidecar's retryable/permanent split."""
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        if status >= 500 or status in _RETRYABLE_STATUS:
-            return RetryableError(f"vLLM status {status}")
-        reason = "prompt_too_long" if "maximum context length" in str(exc).lower() else f"http_{status}"
-        return VllmRequestError(reason, f"vLLM refused the request with status {status}", status)
-    if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError | httpx.TransportError):
-        return RetryableError(type(exc).__name__)
-    return None
-
-
 def _replaced(got: set[int], want: set[int]) -> bool:
     """A top-k answer that is not the top-k: more than one id differs from the request sent alone."""
     return len(got & want) < len(want) - 1
+
+
+class _VllmCallObserver(CallObserver):
+    """One call's metrics (in flight, latency and errors per served model) and log events."""
+
+    def __init__(self, metrics: VllmMetrics, model: str) -> None:
+        self._metrics = metrics
+        self._model = model
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[None]:
+        self._metrics.in_flight.inc()
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self._metrics.in_flight.dec()
+            self._metrics.latency.labels(self._model).observe(time.monotonic() - t0)
+
+    def failed(self, failure: Failure) -> None:
+        self._metrics.errors.labels(self._model, failure.kind).inc()
+        if isinstance(failure.error, LlmRequestError):
+            log.warning("vllm.request_refused", model=self._model, reason=failure.error.reason)
+        elif failure.final:
+            log.warning("vllm.unavailable", model=self._model, attempts=failure.attempts, error=str(failure.error))
 
 
 class VllmClient:
@@ -181,16 +188,11 @@ class VllmClient:
         self._config = config
         self.max_logprobs = max_logprobs
         self.metrics = VllmMetrics(registry)
-        timeout = httpx.Timeout(config.request_timeout_seconds, connect=config.connect_timeout_seconds)
-        self._client = openai.AsyncOpenAI(
-            base_url=config.base_url,
-            api_key=config.api_key.get_secret_value() or "unused",
-            max_retries=0,
-            timeout=timeout,
-            http_client=http_client,
+        self._endpoint = LlmEndpoint(
+            config, http_client=http_client, unavailable=VllmUnavailable, refused=VllmRequestError
         )
+        self._client = self._endpoint.client
         self._root_url = config.base_url.rstrip("/").removesuffix("/v1")
-        self._semaphore = asyncio.Semaphore(config.max_concurrency)
         # The isolation gate for prompt_logprobs requests (see VllmEndpointConfig).
         self._active = 0
         self._idle = asyncio.Event()
@@ -201,7 +203,7 @@ class VllmClient:
         self._exact_mode: str = config.exact_logprobs  # auto is resolved by the first exact_ids_usable()
         self._exact_lock = asyncio.Lock()
         self.metrics.exact_mode.state(self._exact_mode)
-        self.breaker = CircuitBreaker(config.breaker_failure_threshold, config.breaker_reset_seconds)
+        self.breaker = self._endpoint.breaker
         self.metrics.breaker.set_function(lambda: BREAKER_STATE_VALUE[self.breaker.state])
         self._healthy = False
         self._last_health_detail = "not probed yet"
@@ -292,48 +294,11 @@ class VllmClient:
             return await self._call_admitted(model, body)
 
     async def _call_admitted(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
-        cfg = self._config
-        started = time.monotonic()
-        attempt = 0
-        async with self._semaphore:
-            while True:
-                await self.breaker.acquire()
-                t0 = time.monotonic()
-                self.metrics.in_flight.inc()
-                try:
-                    resp = await self._post(model, body)
-                except Exception as exc:
-                    error = classify(exc)
-                    if error is None:
-                        self.breaker.release_probe()
-                        raise
-                    if isinstance(error, PermanentError):
-                        self.breaker.record_success()  # the server answered: it is up
-                        self.metrics.errors.labels(model, "permanent").inc()
-                        log.warning("vllm.request_refused", model=model, reason=getattr(error, "reason", ""))
-                        raise error from exc
-                    self.breaker.record_failure()
-                    self.metrics.errors.labels(model, "retryable").inc()
-                    attempt += 1
-                    elapsed = time.monotonic() - started
-                    if attempt >= cfg.max_attempts or elapsed >= cfg.retry_max_elapsed_seconds:
-                        log.warning("vllm.unavailable", model=model, attempts=attempt, error=str(error))
-                        raise VllmUnavailable(f"{attempt} attempts over {elapsed:.1f}s: {error}") from exc
-                    await asyncio.sleep(
-                        backoff_delay(attempt, cfg.retry_initial_backoff_seconds, cfg.retry_max_backoff_seconds)
-                    )
-                    continue
-                except BaseException:
-                    self.breaker.release_probe()
-                    raise
-                finally:
-                    self.metrics.in_flight.dec()
-                    self.metrics.latency.labels(model).observe(time.monotonic() - t0)
-                self.breaker.record_success()
-                usage = resp.get("usage") or {}
-                self.metrics.prompt_tokens.labels(model).inc(int(usage.get("prompt_tokens") or 0))
-                self.metrics.generated_tokens.labels(model).inc(int(usage.get("completion_tokens") or 0))
-                return resp
+        resp = await self._endpoint.call(lambda: self._post(model, body), _VllmCallObserver(self.metrics, model))
+        usage = resp.get("usage") or {}
+        self.metrics.prompt_tokens.labels(model).inc(int(usage.get("prompt_tokens") or 0))
+        self.metrics.generated_tokens.labels(model).inc(int(usage.get("completion_tokens") or 0))
+        return resp
 
     async def _post(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
         payload = dict(body)

@@ -1,6 +1,7 @@
 """Scoring configuration (completion detection and response trees on vLLM).
 
-Sections: ``vllm`` (endpoint, timeouts, one retry layer, circuit breaker, concurrency),
+Sections: ``vllm`` (endpoint, timeouts, one retry layer, circuit breaker, concurrency: the shared
+:class:`~sidecar.llm.config.LlmEndpointConfig` plus vLLM's own settings),
 ``tokenizer`` (where the served model's tokenizer comes from), ``agents`` (per-agent LoRA adapter
 routing, sampling rates and budgets), ``completion`` and ``tree`` (the two scorers). PII redaction
 is not here: it applies where text enters the sidecar (``state.redaction``). Env vars follow the
@@ -14,7 +15,9 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sidecar.llm.config import LlmEndpointConfig
 
 DEFAULT_END_TAG = "<|end_of_conversation|>"
 # Paper, Appendix B.2: the instruction given to a model without a completion adapter.
@@ -26,21 +29,26 @@ DEFAULT_INSTRUCT_END_MARKER = "<end of system logs>"
 _frozen = ConfigDict(frozen=True, extra="forbid")
 
 
-class VllmEndpointConfig(BaseModel):
+class VllmEndpointConfig(LlmEndpointConfig):
     """The vLLM server (OpenAI-compatible API) and how hard to try reaching it."""
 
-    model_config = _frozen
-
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible root, ending in /v1.")
-    api_key: SecretStr = Field(SecretStr(""), description="Bearer token for vLLM's --api-key, if set.")
     base_model: str = Field("base", description="Served name of the base model (--served-model-name).")
-    connect_timeout_seconds: float = Field(5.0, gt=0, description="TCP connect timeout per request.")
-    request_timeout_seconds: float = Field(60.0, gt=0, description="Whole-request timeout per attempt.")
+    connect_timeout_seconds: float = Field(
+        5.0, gt=0, allow_inf_nan=False, description="TCP connect timeout per attempt (and of the /health probe)."
+    )
+    max_concurrency: int = Field(8, ge=1, le=1024, description="Requests in flight to vLLM at once.")
     max_attempts: int = Field(4, ge=1, le=20, description="Attempts per call before backing off to wait.")
-    retry_initial_backoff_seconds: float = Field(0.2, gt=0, description="First retry delay (full jitter).")
-    retry_max_backoff_seconds: float = Field(10.0, gt=0, description="Cap of one retry delay.")
+    retry_initial_backoff_seconds: float = Field(
+        0.2, gt=0, allow_inf_nan=False, description="First retry delay (jittered down to half)."
+    )
     retry_max_elapsed_seconds: float = Field(
-        120.0, gt=0, description="Give one call this long in the retry loop, then wait on the breaker."
+        120.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Give one call this long in the retry loop, then wait on the breaker.",
+    )
+    breaker_reset_seconds: float = Field(
+        5.0, gt=0, allow_inf_nan=False, description="How long the breaker stays open before one probe request."
     )
     outage_poll_max_seconds: float = Field(
         15.0, gt=0, description="While vLLM is down, a pending score re-tries at most this far apart."
@@ -58,13 +66,6 @@ class VllmEndpointConfig(BaseModel):
         "the same batch. auto: a self-test at the first verdict uses it batched if the server is correct, else "
         "not at all (the top-k + forced-request path); shared: batched; isolated: sent alone, no other request of "
         "this client in flight (correct on such builds when this process is the server's only client); off.",
-    )
-    max_concurrency: int = Field(8, ge=1, le=1024, description="Requests in flight to vLLM at once.")
-    breaker_failure_threshold: int = Field(
-        5, ge=1, description="Consecutive retryable failures that open the circuit breaker."
-    )
-    breaker_reset_seconds: float = Field(
-        5.0, gt=0, description="How long the breaker stays open before one probe request."
     )
     health_check_interval_seconds: float = Field(5.0, gt=0, description="Period of the /health probe.")
 

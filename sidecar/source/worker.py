@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ import structlog
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
+from sidecar.retry import Backoff
 from sidecar.source.journal import CommitPoint, Recovery
 from sidecar.source.processor import PartitionProcessor
 from sidecar.source.recovery import load_recovery
@@ -93,7 +93,7 @@ class PartitionWorker:
     async def _recover(self) -> Recovery:
         """Load the recovery plan, waiting out transient Kafka errors (capped, jittered backoff)."""
         src = self._source
-        delay = RECOVERY_BACKOFF_INITIAL_SECONDS
+        backoff = Backoff(RECOVERY_BACKOFF_INITIAL_SECONDS, RECOVERY_BACKOFF_MAX_SECONDS)
         while True:
             try:
                 return await load_recovery(
@@ -102,10 +102,10 @@ class PartitionWorker:
                 )
             except KafkaError as exc:
                 src.metrics.recovery_errors.inc()
+                delay = backoff.delay()
                 log.warning("recovery.failed", partition=self.tp.partition, error=type(exc).__name__,
                             retry_in_seconds=round(delay, 2))
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, RECOVERY_BACKOFF_MAX_SECONDS)
+                await asyncio.sleep(delay)
 
     async def run(self) -> None:
         src = self._source

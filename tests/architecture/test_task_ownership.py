@@ -39,7 +39,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("stage/pipeline.py", "_all"): "awaited in the same call",
     ("judge/judge.py", "TwoDimensionalJudge.judge"): "a TaskGroup local to the call",
     # Worker threads, shut down by their component's stop().
-    ("scoring/scorers.py", "Scorers.__init__"): "prompt-encoding threads; Scorers.stop() (called by ScoringHooks.stop()) shuts them down",
+    ("scoring/scorers.py", "Scorers.__init__"): "prompt-encoding threads; Scorers.stop() shuts them down",
     ("training_store/sink.py", "TrainingStoreSink.start"): "the writer thread; TrainingStoreSink.stop() joins it",
 }
 

@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.errors import PermanentError, RetryableError
 from sidecar.judge.chat import ChatRequestError, ChatUnavailable, OpenAIChatClient
-from sidecar.judge.config import ChatEndpointConfig
+from sidecar.llm.config import ChatEndpointConfig
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sidecar.judge.chat import ChatMessage, ChatUnavailable, OpenAIChatClient
-from sidecar.judge.config import ChatEndpointConfig
+from sidecar.llm.config import ChatEndpointConfig
 from sidecar.tools.judge.dst import DstJudge, DstTurn, dst_messages
 from tests.judge.fakes import ScriptedChat
 from tests.support.vllm_server import VllmServer

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.errors import PermanentError
+from sidecar.llm.breaker import CircuitBreaker
 from sidecar.scoring.client import (
     VllmClient,
     VllmRequestError,
@@ -21,7 +22,6 @@ from sidecar.scoring.client import (
     parse_choice,
 )
 from sidecar.scoring.config import VllmEndpointConfig
-from sidecar.scoring.resilience import CircuitBreaker
 
 
 def _ok(prompts: int = 1) -> dict[str, object]:

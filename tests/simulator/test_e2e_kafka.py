@@ -17,8 +17,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.judge.config import ChatEndpointConfig, JudgeConfig
+from sidecar.judge.config import JudgeConfig
 from sidecar.judge.hooks import JudgeHooks
+from sidecar.llm.config import ChatEndpointConfig
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.hooks import ScoringHooks
 from sidecar.state.hooks import CompositeHooks

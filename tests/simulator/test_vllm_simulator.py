@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.events import decode_event
 from sidecar.judge.chat import ChatMessage, ChatReply, OpenAIChatClient
-from sidecar.judge.config import ChatEndpointConfig
+from sidecar.llm.config import ChatEndpointConfig
 from sidecar.tools.simulator.agents import AssistantAgent, SummaryChecker, UserAgent
 from sidecar.tools.simulator.cli import run_simulation
 from sidecar.tools.simulator.config import SimulatorConfig

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.errors import ConfigError
 from sidecar.judge.chat import OpenAIChatClient
-from sidecar.judge.config import ChatEndpointConfig
+from sidecar.llm.config import ChatEndpointConfig
 from sidecar.telemetry.config import LoggingConfig
 from sidecar.telemetry.logging import configure_logging
 from sidecar.tools.argtypes import whole_number

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sidecar.judge.config import ChatEndpointConfig
+from sidecar.llm.config import ChatEndpointConfig
 
 AssistantMode = Literal["builtin", "external"]
 Speaker = Literal["assistant", "user"]

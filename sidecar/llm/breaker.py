@@ -1,10 +1,9 @@
-"""Circuit breaker and backoff for the vLLM client: the sidecar's one retry layer for model calls."""
+"""The circuit breaker in front of every OpenAI-compatible endpoint (see :mod:`sidecar.llm.endpoint`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from typing import Literal
 
@@ -12,17 +11,12 @@ BreakerState = Literal["closed", "open", "half_open"]
 BREAKER_STATE_VALUE: dict[BreakerState, int] = {"closed": 0, "half_open": 1, "open": 2}
 
 
-def backoff_delay(attempt: int, initial: float, cap: float) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, initial * 2**attempt)]."""
-    return random.uniform(0.0, min(cap, initial * (2.0 ** min(attempt, 30))))
-
-
 class CircuitBreaker:
     """Opens after ``threshold`` consecutive failures; after ``reset_seconds`` lets one probe through.
 
     Callers ``await acquire()`` before a request: while the breaker is open this *waits* (it never
     fails fast), which is how an outage turns into backpressure. Exactly one caller at a time is let
-    through as the half-open probe; the others wait for its result.
+    through as the half-open probe; the others wait for its result. A ``threshold`` of 0 never opens.
     """
 
     def __init__(self, threshold: int, reset_seconds: float) -> None:
@@ -73,6 +67,8 @@ class CircuitBreaker:
 
     def record_failure(self) -> None:
         self._failures += 1
+        if self._threshold <= 0:
+            return
         if self._state == "half_open" or self._failures >= self._threshold:
             if self._state != "open":
                 self._state = "open"
