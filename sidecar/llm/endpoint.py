@@ -152,7 +152,7 @@ class LlmEndpoint:
                     final = attempt >= cfg.max_attempts or elapsed >= cfg.retry_max_elapsed_seconds
                     observer.failed(Failure(error, exc, attempt, final=final))
                     if final:
-                        raise self._unavailable(f"{attempt} attempts over {elapsed:.1f}s: {error}") from exc
+                        raise self._unavailable(f"unavailable after {attempt} attempts over {elapsed:.1f}s: {error}") from exc
                 except BaseException:
                     self.breaker.release_probe()
                     raise
