@@ -7,8 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.clustering.live import OTHER, UNKNOWN, metric_label
 from sidecar.clustering.llm import extractive_summary, keyword_label, keywords, parse_answer
+from sidecar.clustering.model import OTHER, UNKNOWN, metric_label
 from sidecar.clustering.prompts import MergeAnswer, merge_messages, one_line
 from sidecar.transcript.dataset import InvalidRecord, parse_line
 from sidecar.transcript.model import Message

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.embed import Matrix
-from sidecar.clustering.live import OTHER, UNKNOWN, GoalClusterer, metric_label
+from sidecar.clustering.live import OTHER, UNKNOWN, GoalClusterer
 from sidecar.clustering.llm import ExtractiveGoalLLM, MergeQuery, extractive_summary
 from sidecar.errors import RetryableError
 from sidecar.lifecycle import Component, HealthReporter
@@ -235,17 +235,22 @@ async def test_embedding_failure_costs_a_label_not_the_hook() -> None:
 
 
 class OutageLLM(ExtractiveGoalLLM):
+    down = False
+
     async def should_merge(self, query: MergeQuery) -> bool:
-        raise RetryableError("down")
+        if self.down:
+            raise RetryableError("down")
+        return await super().should_merge(query)
 
 
 async def test_llm_outage_keeps_the_old_clusters() -> None:
     cfg = config()
-    gc = make(cfg)
+    llm = OutageLLM(cfg)
+    gc = make(cfg, llm=llm)
     await feed(gc, ["flight", "car"], 12)
     assert await gc.recluster()
     before = gc.snapshot()["clusters"]
-    gc._llm = OutageLLM(cfg)
+    llm.down = True
     assert await gc.recluster("schedule") is False
     assert gc.snapshot()["clusters"] == before
     assert gc.metrics.runs.labels("schedule", "error")._value.get() == 1
@@ -272,18 +277,12 @@ async def test_not_enough_data_skips_and_disabled_does_nothing() -> None:
     assert await gc.recluster() is False
     off = make(config(enabled=False))
     await off.start()
-    assert off._task is None and off.health().detail == "disabled"
+    assert not off.scheduler.running and off.health().detail == "disabled"
     assert await off.goal_label(conv("car", 1)) == UNKNOWN
     assert off.on_conversation_ended(conv("car", 1)) == {}
     assert off.on_user_message(conv("car", 1)) == {} and off.on_turn_closed(conv("car", 1)) == {}
     assert len(off._reservoir) == 0
     await off.stop()
-
-
-def test_metric_label_is_safe() -> None:
-    assert metric_label('Book "Flights"\n{x="1"}', 48) == "book flights x 1"
-    assert len(metric_label("a" * 500, 48)) == 48
-    assert metric_label("", 48) == "unnamed" and metric_label("Other", 48) == "unnamed"
 
 
 @pytest.mark.parametrize("n", [1, 5])
