@@ -152,7 +152,8 @@ class LlmEndpoint:
                     final = attempt >= cfg.max_attempts or elapsed >= cfg.retry_max_elapsed_seconds
                     observer.failed(Failure(error, exc, attempt, final=final))
                     if final:
-                        raise self._unavailable(f"unavailable after {attempt} attempts over {elapsed:.1f}s: {error}") from exc
+                        message = f"unavailable after {attempt} attempts over {elapsed:.1f}s: {error}"
+                        raise self._unavailable(message) from exc
                 except BaseException:
                     self.breaker.release_probe()
                     raise
