@@ -19,13 +19,14 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CorruptRecordException, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from sidecar.kafka_clients import client_kwargs
 from sidecar.lifecycle import Health
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.recovery import JournalReader
 from sidecar.source.results import KafkaResultsWriter
 from sidecar.source.worker import Batch, PartitionWorker, UnreadableRecord, batch_bytes
-from sidecar.source.writers import KafkaDeadLetterWriter, client_kwargs, make_producer
+from sidecar.source.writers import KafkaDeadLetterWriter, make_producer
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
 from sidecar.state.hooks import ConversationHooks

@@ -10,8 +10,8 @@ import msgspec
 import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
-from aiokafka.helpers import create_ssl_context
 
+from sidecar.kafka_clients import client_kwargs
 from sidecar.retry import until_accepted
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import SourceRecord
@@ -55,26 +55,6 @@ class WriteHealth:
         age = time.monotonic() - self._failing_since
         healthy = not self._permanent and age < UNHEALTHY_AFTER_SECONDS
         return healthy, f"{self._error} for {age:.0f}s"
-
-
-def client_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
-    """Connection settings shared by every Kafka client of the sidecar (TLS and SASL included)."""
-    kw: dict[str, Any] = {
-        "bootstrap_servers": cfg.bootstrap_servers,
-        "client_id": cfg.client_id,
-        "request_timeout_ms": cfg.request_timeout_ms,
-        "security_protocol": cfg.security_protocol,
-    }
-    if cfg.security_protocol in ("SSL", "SASL_SSL"):
-        kw["ssl_context"] = create_ssl_context(
-            cafile=cfg.ssl_cafile, certfile=cfg.ssl_certfile, keyfile=cfg.ssl_keyfile
-        )
-    if cfg.security_protocol.startswith("SASL"):
-        assert cfg.sasl_password is not None  # enforced by KafkaConfig's validator
-        kw["sasl_mechanism"] = cfg.sasl_mechanism
-        kw["sasl_plain_username"] = cfg.sasl_username
-        kw["sasl_plain_password"] = cfg.sasl_password.get_secret_value()
-    return kw
 
 
 # Results are written in batches the writer fills itself (see sidecar.source.results); a batch
