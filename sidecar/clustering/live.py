@@ -44,9 +44,8 @@ from sidecar.clustering.ids import ClusterIdRegistry
 from sidecar.clustering.llm import ExtractiveGoalLLM, GoalLLM, OpenAIGoalLLM, extractive_summary
 from sidecar.clustering.metrics import ClusteringMetrics
 from sidecar.clustering.reservoir import Reservoir, ReservoirItem
+from sidecar.contract import CompletionScored, Effect, GoalAssigned, HookResult, Outcome, Scored, TurnContext
 from sidecar.lifecycle import Health
-from sidecar.stage.events import CompletionScored, Effect, GoalAssigned, Scored
-from sidecar.state.hooks import HookResult, Outcome, TurnContext
 
 log = structlog.get_logger()
 

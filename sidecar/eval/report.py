@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sidecar.contract import TreeBranch
 from sidecar.eval.metrics import completion_section, tree_samples, uncertainty_section
 from sidecar.judge.report import MethodRow
-from sidecar.stage.events import TreeBranch
 from sidecar.trees.pages import CSS
 from sidecar.trees.shape import build_shape
 from sidecar.trees.svg import clip, escape, render_svg

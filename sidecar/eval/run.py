@@ -33,12 +33,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
 
+from sidecar.contract import HookResult, TreeScored, TurnContext, events_of
 from sidecar.errors import ConfigError, PermanentError, RetryableError, SidecarError
 from sidecar.eval.dataset import EvalConversation
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.prompts import PromptTooLong
-from sidecar.stage.events import TreeScored, events_of
-from sidecar.state.hooks import HookResult, TurnContext
 from sidecar.transcript.model import Message, count_turns, prefix_through_turn
 from sidecar.transcript.tokenize import UnsafeContentError
 

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import structlog
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import CompletionScored, HookResult, Outcome, Scored, TreeBranch, TurnContext
 from sidecar.errors import ConfigError, PermanentError
 from sidecar.lifecycle import Health
 from sidecar.scoring.client import LLMClient, VllmClient
@@ -37,8 +38,6 @@ from sidecar.scoring.prompts import PromptBuilder, PromptTooLong
 from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
 from sidecar.scoring.tree import TreeBudget, TreeExpander, branch_views, most_probable_text, tree_event
 from sidecar.scoring.trust import AdapterTrust
-from sidecar.stage.events import CompletionScored, Scored, TreeBranch
-from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message, prefix_through_turn
 from sidecar.transcript.tokenize import SafeTokenizer, UnsafeContentError

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sidecar.contract import HookKind
 from sidecar.source.journal_entry import JournalEntry
-from sidecar.state.hooks import HookKind
 from sidecar.state.store import trigger_key
 
 METADATA_VERSION = 1

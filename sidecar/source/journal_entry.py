@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from sidecar.state.hooks import HookKind
+from sidecar.contract import HookKind
 
 SIGNATURE_FIELD = "sig"
 _SEP = "\x1f"

@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from sidecar.contract import ConversationHooks, Effect, HookResult, Outcome, TurnContext, events_of
 from sidecar.errors import DecodeError
 from sidecar.events import decode_event
 from sidecar.source.journal import (
@@ -30,11 +31,9 @@ from sidecar.source.journal import (
     ResultsWriter,
     SourceRecord,
 )
-from sidecar.stage.events import Effect, events_of
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
-from sidecar.state.hooks import ConversationHooks, HookResult, Outcome, TurnContext
 from sidecar.state.memory import MemoryBudget
 from sidecar.state.store import PartitionState, Rejected, Trigger
 from sidecar.telemetry.stream_metrics import StreamMetrics, StreamMetricsCache

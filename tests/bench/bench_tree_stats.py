@@ -29,11 +29,10 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.alerting.config import UncertaintyPolicyConfig
 from sidecar.alerting.policy import UncertaintyJudge
+from sidecar.contract import TreeScored, TurnContext, events_of
 from sidecar.demo import models
 from sidecar.demo.replay import load_sample
 from sidecar.scoring.hooks import ScoringHooks
-from sidecar.stage.events import TreeScored, events_of
-from sidecar.state.hooks import TurnContext
 from sidecar.transcript.model import Message
 from tests.support.bundled_vllm import BundledVllm
 

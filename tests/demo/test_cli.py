@@ -22,11 +22,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sidecar import cli
 from sidecar.app import run_app
 from sidecar.config import SidecarConfig
+from sidecar.contract import TurnContext
 from sidecar.demo import cli as demo_cli
 from sidecar.demo.cli import demo_events
 from sidecar.demo.display import metric_summary
 from sidecar.demo.replay import load_sample
-from sidecar.state.hooks import RecordingHooks, TurnContext
+from sidecar.state.hooks import RecordingHooks
 
 # Replay mechanics only: the scorers and goal clustering have tests of their own.
 FAST = ["--rate", "5000", "--http-port", "0", "--scoring", "off", "--goals", "off"]
