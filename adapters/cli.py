@@ -172,8 +172,9 @@ def _run(args: argparse.Namespace) -> object:
     if args.command in ("train-base", "train-lora", "eval", "validate"):
         args.datasets = _prepared(args.data, args.datasets)
     if args.command == "prepare":
+        from adapters.data import ReadLimits
         from adapters.prepare import prepare
-        from adapters.sources import ReadLimits, discover, open_source
+        from adapters.sources import discover, open_source
 
         ddir = args.datasets_dir or _default_datasets_dir()
         limits = ReadLimits(max_bytes=args.max_input_bytes)

@@ -16,9 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -30,6 +29,44 @@ log = structlog.get_logger()
 ARTEFACTS: tuple[str, ...] = ("###STOP###",)
 MAX_LINE_BYTES = 8 * 1024 * 1024
 MAX_MESSAGES = 2000
+# Bounds of reading one source (see adapters.sources): decompressed bytes, 4 GiB by default.
+DEFAULT_MAX_BYTES = 4 * 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    """Bounds on one source: decompressed bytes (an error past it) and conversations (a stop)."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_conversations: int | None = None
+
+
+@dataclass(slots=True)
+class ReadStats:
+    """What reading a source met; filled while its conversations are consumed."""
+
+    files: int = 0
+    lines: int = 0
+    bytes: int = 0
+    conversations: int = 0
+    malformed: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def bad(self, reason: str) -> None:
+        self.malformed += 1
+        key = reason.split(":", 1)[0][:60]
+        self.reasons[key] = self.reasons.get(key, 0) + 1
+
+    def explain(self, name: str, without_user: int) -> str:
+        """Why ``name`` gave no usable conversation, in one line."""
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.reasons.items()))
+        return (f"data set {name!r} has no usable conversation: {self.lines} lines read, {self.malformed} "
+                f"malformed{f' ({reasons})' if reasons else ''}, {without_user} without a user message")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"files": self.files, "lines": self.lines, "bytes": self.bytes,
+                "conversations": self.conversations, "malformed": self.malformed,
+                "malformed_reasons": dict(sorted(self.reasons.items()))}
 
 
 class BadRecordError(ValueError):
@@ -136,13 +173,6 @@ def parse_record(rec: Any) -> Conversation:
         real_complete=real,
         real_label_source=label_source,
     )
-
-
-def read_conversations(path: Path) -> Iterator[Conversation]:
-    """Stream conversations from a (gzipped) JSONL file; malformed lines are logged and skipped."""
-    from adapters.sources import ReadLimits, ReadStats, read_jsonl
-
-    yield from read_jsonl(path, ReadStats(), ReadLimits())
 
 
 def stable_unit(key: str, salt: str = "") -> float:

@@ -21,9 +21,8 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from adapters.data import Conversation
+from adapters.data import Conversation, ReadLimits, ReadStats
 from adapters.errors import DataError
-from adapters.sources import ReadLimits, ReadStats
 from sidecar.errors import DecodeError
 from sidecar.events import Event, decode_event
 from sidecar.kafka_clients import plaintext_client_kwargs

@@ -32,11 +32,19 @@ import structlog
 from tqdm import tqdm
 
 from adapters.calibrate import Objective, ScoredExample, calibrate
-from adapters.data import Conversation, eval_examples, message_to_json, messages_from_json, stable_unit, target_start
+from adapters.data import (
+    Conversation,
+    ReadLimits,
+    eval_examples,
+    message_to_json,
+    messages_from_json,
+    stable_unit,
+    target_start,
+)
 from adapters.errors import DataError
 from adapters.manifest import read_manifest, write_manifest
 from adapters.recipe import LoraRecipe
-from adapters.sources import ReadLimits, open_source
+from adapters.sources import open_source
 
 log = structlog.get_logger()
 

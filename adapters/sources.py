@@ -34,52 +34,15 @@ from typing import IO, Any, Protocol
 
 import structlog
 
-from adapters.data import MAX_LINE_BYTES, BadRecordError, Conversation, parse_record
+from adapters.data import MAX_LINE_BYTES, BadRecordError, Conversation, ReadLimits, ReadStats, parse_record
 from adapters.errors import DataError
 from adapters.manifest import file_sha256
 
 log = structlog.get_logger()
 
-DEFAULT_MAX_BYTES = 4 * 1024**3
 SUFFIXES = (".jsonl", ".jsonl.gz")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _CHUNK = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class ReadLimits:
-    """Bounds on one source: decompressed bytes (an error past it) and conversations (a stop)."""
-
-    max_bytes: int = DEFAULT_MAX_BYTES
-    max_conversations: int | None = None
-
-
-@dataclass(slots=True)
-class ReadStats:
-    """What reading a source met; filled while its conversations are consumed."""
-
-    files: int = 0
-    lines: int = 0
-    bytes: int = 0
-    conversations: int = 0
-    malformed: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
-
-    def bad(self, reason: str) -> None:
-        self.malformed += 1
-        key = reason.split(":", 1)[0][:60]
-        self.reasons[key] = self.reasons.get(key, 0) + 1
-
-    def explain(self, name: str, without_user: int) -> str:
-        """Why ``name`` gave no usable conversation, in one line."""
-        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.reasons.items()))
-        return (f"data set {name!r} has no usable conversation: {self.lines} lines read, {self.malformed} "
-                f"malformed{f' ({reasons})' if reasons else ''}, {without_user} without a user message")
-
-    def as_json(self) -> dict[str, Any]:
-        return {"files": self.files, "lines": self.lines, "bytes": self.bytes,
-                "conversations": self.conversations, "malformed": self.malformed,
-                "malformed_reasons": dict(sorted(self.reasons.items()))}
 
 
 class Source(Protocol):
@@ -152,6 +115,11 @@ def read_jsonl(path: Path, stats: ReadStats, limits: ReadLimits) -> Iterator[Con
             raise DataError(f"{path} is not a valid gzip file ({type(exc).__name__})") from exc
     if stats.malformed:
         log.info("adapters.data.skipped", path=path.name, bad_records=stats.malformed)
+
+
+def read_conversations(path: Path) -> Iterator[Conversation]:
+    """Stream conversations from a (gzipped) JSONL file; malformed lines are logged and skipped."""
+    yield from read_jsonl(path, ReadStats(), ReadLimits())
 
 
 @dataclass

@@ -11,8 +11,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from adapters.data import Conversation, eval_examples, read_conversations, split_of
+from adapters.data import Conversation, eval_examples, split_of
 from adapters.manifest import file_sha256, message_cap
+from adapters.sources import read_conversations
 from adapters.tokenizer import END_TAG, SPECIAL_TOKENS, encode_messages, load_tokenizer, special_id
 from sidecar.transcript.model import Message
 

@@ -17,13 +17,13 @@ from adapters.data import (
     eval_examples,
     in_truncation_protocol,
     parse_record,
-    read_conversations,
     split_of,
     target_start,
     truncate,
     truncation_turn,
 )
 from adapters.prepare import prepare_dataset, sft_pair
+from adapters.sources import read_conversations
 from adapters.tokenizer import END_TAG, SPECIAL_TOKENS
 from sidecar.transcript.model import Message, count_turns
 from sidecar.transcript.render import render_text

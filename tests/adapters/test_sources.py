@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from adapters.cli import main
+from adapters.data import ReadLimits
 from adapters.errors import DataError
 from adapters.prepare import prepare_dataset
-from adapters.sources import ReadLimits, discover, open_source
+from adapters.sources import discover, open_source
 from sidecar.demo.mock_cluster import MockKafkaCluster
 from sidecar.demo.replay import conversation_events, encode
 from tests.adapters.conftest import synthetic_conversation
