@@ -15,6 +15,7 @@ from sidecar.kafka_clients import client_kwargs
 from sidecar.retry import until_accepted
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import SourceRecord
+from sidecar.source.result_record import ResultRecord
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
 log = structlog.get_logger(__name__)
@@ -123,7 +124,7 @@ async def flush_producer(producer: AIOKafkaProducer, timeout_seconds: float) -> 
 _ENCODER = msgspec.json.Encoder()
 
 
-def encode_result(record: dict[str, Any], metrics: StreamMetrics) -> bytes:
+def encode_result(record: ResultRecord, metrics: StreamMetrics) -> bytes:
     """The record's bytes (compact JSON; NaN and infinities become null, so it is always valid JSON).
 
     An outcome too large to be written, or not JSON-serialisable (a hook returned an object), is
@@ -133,13 +134,18 @@ def encode_result(record: dict[str, Any], metrics: StreamMetrics) -> bytes:
         value = _ENCODER.encode(record)
     except (TypeError, ValueError, OverflowError) as exc:
         metrics.results_write_errors.labels("unserialisable").inc()
-        log.warning("kafka.result_unserialisable", kind=record.get("kind"), error=type(exc).__name__)
-        return _ENCODER.encode({**record, "outcome": {"error": "result_unserialisable"}})
+        log.warning("kafka.result_unserialisable", kind=record.kind, error=type(exc).__name__)
+        return _ENCODER.encode(msgspec.structs.replace(record, outcome={"error": "result_unserialisable"}))
     if len(value) <= MAX_RESULT_BYTES:
         return value
     metrics.results_write_errors.labels("oversized").inc()
-    log.warning("kafka.result_too_large", kind=record.get("kind"), size_bytes=len(value))
-    return _ENCODER.encode({**record, "outcome": {"error": "result_too_large", "bytes": len(value)}})
+    log.warning("kafka.result_too_large", kind=record.kind, size_bytes=len(value))
+    return too_large(record, len(value))
+
+
+def too_large(record: ResultRecord, size_bytes: int) -> bytes:
+    """The record with its outcome replaced by the ``result_too_large`` marker, encoded."""
+    return _ENCODER.encode(msgspec.structs.replace(record, outcome={"error": "result_too_large", "bytes": size_bytes}))
 
 
 class KafkaDeadLetterWriter:

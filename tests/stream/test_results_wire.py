@@ -12,14 +12,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import RecordMetadata, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import Recovery
-from sidecar.source.journal_entry import JournalSigner
+from sidecar.source.journal_entry import JournalSigner, read_entry
 from sidecar.source.processor import PartitionProcessor
+from sidecar.source.result_record import ResultRecord
 from sidecar.source.results import KafkaResultsWriter
 from sidecar.source.writers import MAX_RESULT_BYTES
 from sidecar.state.config import StateConfig
@@ -198,3 +200,16 @@ async def test_records_the_broker_refuses_are_shrunk_with_the_same_bytes() -> No
         b'"group":"sidecar-g","topic":"agent.events",'
         b'"sig":"4e2c27c868260ad9daf2a3f9d720e0b726c8ea77dd2a52b28f039b60db82e144"}',
     ]
+
+
+async def test_the_reader_decodes_the_type_the_writer_encoded_and_back_to_the_same_bytes() -> None:
+    signer = JournalSigner([b"k1", b"k0"])
+    signed = await _run(_PLAIN, keys=[b"k1", b"k0"], partition=0)
+    for _, _, value in [*_EXPECTED_PLAIN, *signed]:
+        entry, reason = read_entry(value, signer if b'"sig"' in value else JournalSigner([]))
+        assert reason is None and isinstance(entry, ResultRecord)
+        assert msgspec.json.encode(entry) == value
+    entry, _ = read_entry(signed[4][2], signer)
+    assert entry is not None
+    assert (entry.kind, entry.end_reason, entry.turn, entry.outcome) == (
+        "conversation_ended", "end_event", 2, {"scoring": {"p_end": 0.9, "nested": [1, 2.5, "x"]}})
