@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import msgspec
 import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
@@ -37,7 +38,6 @@ class _Item:
     source_partition: int
     key: bytes
     value: bytes
-    record: ResultRecord
 
 
 @dataclass(slots=True)
@@ -80,7 +80,6 @@ class KafkaResultsWriter:
             source_partition,
             conversation_id.encode("utf-8"),
             encode_result(record, self._metrics),
-            record,
         )
         self._append(source_partition % n, item)
         return item.done
@@ -136,7 +135,9 @@ class KafkaResultsWriter:
             except MessageSizeTooLargeError as exc:
                 # The broker's limit is below ours: record the effect as an error marker instead.
                 self.write_health.failed(exc, permanent=False)
-                kwargs["value"] = too_large(item.record, len(item.value))
+                # Decoded from its own bytes rather than kept: holding every record until its batch
+                # is acknowledged costs the hot path (more live objects for the collector).
+                kwargs["value"] = too_large(msgspec.json.decode(item.value, type=ResultRecord), len(item.value))
                 md = await send_until_acked(self._producer, self._metrics, self.write_health, "results", **kwargs)
             if not item.done.done():
                 item.done.set_result(int(md.offset))
