@@ -21,10 +21,11 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from sidecar.alerting.escalation import Escalations
 from sidecar.alerting.metrics import AlertMetrics
 from sidecar.config import SidecarConfig
+from sidecar.contract import ConversationHooks
 from sidecar.lifecycle import Component, HealthReporter, stop_requested_early
 from sidecar.source.kafka import KafkaEventSource
 from sidecar.stage.pipeline import OutcomeSink, PostScoreStage
-from sidecar.state.hooks import CompositeHooks, ConversationHooks, RecordingHooks
+from sidecar.state.hooks import CompositeHooks, RecordingHooks
 from sidecar.supervision import Supervised, Supervisor, stop_all
 from sidecar.telemetry.http import HttpServer, PageRoute
 from sidecar.telemetry.labels import AgentLabels

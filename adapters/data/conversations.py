@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -95,14 +94,6 @@ def from_record(rec: ConversationRecord) -> Conversation:
 def parse_record(rec: Any) -> Conversation:
     """Validate and clean one decoded record; raises :class:`BadRecordError`."""
     return from_record(parse_conversation(rec))
-
-
-def read_conversations(path: Path) -> Iterator[Conversation]:
-    """Stream conversations from a (gzipped) JSONL file; malformed lines are counted and skipped."""
-    from adapters.data.sources import read_jsonl
-    from sidecar.transcript.dataset import ReadStats
-
-    yield from read_jsonl(path, ReadStats())
 
 
 def stable_unit(key: str, salt: str = "") -> float:

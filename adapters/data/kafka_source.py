@@ -26,6 +26,7 @@ from adapters.data.sources import ReadLimits, ReadStats, stats_json
 from adapters.errors import DataError
 from sidecar.errors import DecodeError
 from sidecar.events import Event, decode_event
+from sidecar.kafka_clients import plaintext_client_kwargs
 
 log = structlog.get_logger()
 
@@ -62,12 +63,12 @@ class KafkaSource:
             topic = parts.path.strip("/")
             if not parts.netloc or not topic:
                 raise DataError(f"bad Kafka source {spec!r}: use kafka://HOST:PORT[,HOST:PORT]/TOPIC")
-            return cls(name, {"bootstrap_servers": parts.netloc}, topic, agent, limits)
+            return cls(name, plaintext_client_kwargs(parts.netloc), topic, agent, limits)
         if sidecar_config is None:
             raise DataError("a 'kafka:' source needs --sidecar-config (or use kafka://HOST:PORT/TOPIC)")
         from sidecar.config import load_config
         from sidecar.errors import ConfigError
-        from sidecar.source.writers import client_kwargs
+        from sidecar.kafka_clients import client_kwargs
 
         try:
             cfg = load_config(sidecar_config)

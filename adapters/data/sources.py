@@ -35,7 +35,8 @@ import structlog
 from adapters.data.conversations import BadRecordError, Conversation, from_record
 from adapters.errors import DataError
 from adapters.serving.manifest import file_sha256
-from sidecar.transcript.dataset import MAX_TOTAL_BYTES, DatasetError, ReadLimits, ReadStats, read_conversations
+from sidecar.transcript.dataset import MAX_TOTAL_BYTES, DatasetError, ReadLimits, ReadStats
+from sidecar.transcript.dataset import read_conversations as read_records
 
 log = structlog.get_logger()
 
@@ -85,7 +86,7 @@ def is_data_file(path: Path) -> bool:
 def read_jsonl(path: Path, stats: ReadStats, limits: ReadLimits | None = None) -> Iterator[Conversation]:
     """Conversations of one (gzipped) JSONL file; malformed lines are counted and skipped."""
     try:
-        for rec in read_conversations(path, stats=stats, limits=limits):
+        for rec in read_records(path, stats=stats, limits=limits):
             try:
                 conv = from_record(rec)
             except BadRecordError as bad:
@@ -97,6 +98,11 @@ def read_jsonl(path: Path, stats: ReadStats, limits: ReadLimits | None = None) -
     if stats.malformed:
         log.info("adapters.data.skipped", path=path.name, bad_records=stats.malformed,
                  reasons=dict(sorted(stats.skipped.items())), first=stats.problems)
+
+
+def read_conversations(path: Path) -> Iterator[Conversation]:
+    """Stream conversations from a (gzipped) JSONL file; malformed lines are counted and skipped."""
+    yield from read_jsonl(path, ReadStats())
 
 
 @dataclass

@@ -35,11 +35,10 @@ from sidecar.alerting.config import AlertingConfig, PolicyConfig
 from sidecar.alerting.metrics import AlertMetrics
 from sidecar.alerting.policy import UncertaintyJudge
 from sidecar.alerting.sinks.base import AlertSink
+from sidecar.contract import CompletionScored, Effect, GoalAssigned, TreeScored, TurnContext
 from sidecar.errors import RetryableError
 from sidecar.lifecycle import Health
 from sidecar.retry import until_accepted
-from sidecar.stage.events import CompletionScored, Effect, GoalAssigned, TreeScored
-from sidecar.state.hooks import TurnContext
 
 log = structlog.get_logger(__name__)
 

@@ -34,9 +34,8 @@ from sidecar.clustering.metrics import ClusteringMetrics
 from sidecar.clustering.model import OTHER, UNKNOWN, GoalModel
 from sidecar.clustering.reservoir import Reservoir, ReservoirItem
 from sidecar.clustering.scheduler import ReclusterScheduler
+from sidecar.contract import CompletionScored, Effect, GoalAssigned, HookResult, Outcome, Scored, TurnContext
 from sidecar.lifecycle import Health
-from sidecar.stage.events import CompletionScored, Effect, GoalAssigned, Scored
-from sidecar.state.hooks import HookResult, Outcome, TurnContext
 
 log = structlog.get_logger()
 

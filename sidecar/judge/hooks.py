@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import HookResult, Outcome, TurnContext
 from sidecar.judge.chat import ChatClient
 from sidecar.judge.config import JudgeConfig
 from sidecar.judge.judge import TwoDimensionalJudge
 from sidecar.judge.metrics import JudgeMetrics
 from sidecar.scoring.schedule import TokenBucket, sampled
-from sidecar.state.hooks import HookResult, Outcome, TurnContext
 
 
 class JudgeHooks:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import structlog
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import CompletionScored, HookResult, Outcome, Scored, TurnContext
 from sidecar.errors import PermanentError
 from sidecar.lifecycle import Health
 from sidecar.scoring.client import LLMClient
@@ -39,8 +40,6 @@ from sidecar.scoring.prompts import PromptTooLong
 from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
 from sidecar.scoring.scorers import Scorers
 from sidecar.scoring.trust import AdapterTrust
-from sidecar.stage.events import CompletionScored, Scored
-from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message, prefix_through_turn
 from sidecar.transcript.tokenize import SafeTokenizer, UnsafeContentError

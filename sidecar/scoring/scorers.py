@@ -27,6 +27,7 @@ from typing import TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import TreeBranch, TreeScored
 from sidecar.errors import ConfigError
 from sidecar.lifecycle import Health
 from sidecar.scoring.client import LLMClient, VllmClient
@@ -35,7 +36,6 @@ from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.prompts import PromptBuilder
 from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander, branch_views, most_probable_text, tree_event
 from sidecar.scoring.trust import AdapterTrust
-from sidecar.stage.events import TreeBranch, TreeScored
 from sidecar.transcript.model import Message
 from sidecar.transcript.tokenize import SafeTokenizer
 

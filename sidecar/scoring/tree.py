@@ -28,8 +28,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from sidecar.contract import TreeBranch, TreeScored
 from sidecar.scoring.client import GeneratedChoice, LLMClient
-from sidecar.stage.events import TreeBranch, TreeScored
 
 T = TypeVar("T")
 

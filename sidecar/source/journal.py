@@ -23,12 +23,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sidecar.source.journal_entry import JournalEntry
-from sidecar.state.hooks import HookKind
+from sidecar.contract import HookKind
+from sidecar.source.journal_entry import entry_from_mapping
+from sidecar.source.result_record import ResultRecord
 from sidecar.state.store import trigger_key
 
 METADATA_VERSION = 1
-RESULT_VERSION = 1
 MAX_OFFSET = 2**63 - 1
 # Kafka brokers keep at most offset.metadata.max.bytes (4096 by default) of commit metadata.
 MAX_METADATA_CHARS = 4096
@@ -61,7 +61,7 @@ class ResultsWriter(Protocol):
     """
 
     async def submit(
-        self, source_partition: int, conversation_id: str, record: dict[str, Any]
+        self, source_partition: int, conversation_id: str, record: ResultRecord
     ) -> asyncio.Future[int]: ...
 
     async def flush(self, source_partition: int, timeout_seconds: float) -> bool:
@@ -162,7 +162,7 @@ class Recovery:
     # Conversations that started in [finished_from, start_offset): all finished before the commit.
     finished: list[tuple[str, int]] = field(default_factory=list)
 
-    def add(self, entry: JournalEntry) -> None:
+    def add(self, entry: ResultRecord) -> None:
         """Fold one validated journal entry of this partition into the plan."""
         kind, cid, turn, pos = entry.kind, entry.conversation_id, entry.turn, entry.position
         self.last_position = max(self.last_position, pos)
@@ -190,7 +190,7 @@ class Recovery:
         records that do not validate are ignored (they cannot suppress anything)."""
         plan = cls(start_offset, replay_until, journal_from, journal_end)
         for r in records:
-            entry = JournalEntry.from_mapping(r)
+            entry = entry_from_mapping(r)
             if entry is not None:
                 plan.add(entry)
         return plan.seal()

@@ -3,9 +3,10 @@
 A restart trusts the results topic to say which effects already happened. Anything that can write
 to that topic could otherwise silence hooks (a forged outcome suppresses the real one) or end
 conversations (a forged timer transition), and one malformed record (``1e999``, 100,000 nested
-brackets) must not make recovery raise on every start. So every record is parsed in one bounded
-pass (pydantic-core: numbers checked against their types and ranges, nesting depth limited) and,
-when ``kafka.journal_signing_keys`` is set, must carry an HMAC-SHA256 signature over the fields
+brackets) must not make recovery raise on every start. So every record is decoded in one bounded
+pass into the type the writer wrote, :class:`~sidecar.source.result_record.ResultRecord` (msgspec:
+every field checked against its type and range, nesting depth limited) and, when
+``kafka.journal_signing_keys`` is set, must carry an HMAC-SHA256 signature over the fields
 recovery acts on. A record that fails either check is skipped, counted by reason, and never acted
 on. The outcome itself is not signed: recovery never reads it.
 """
@@ -15,46 +16,21 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+import msgspec
 
-from sidecar.state.hooks import HookKind
+from sidecar.source.result_record import ResultRecord
 
-SIGNATURE_FIELD = "sig"
 _SEP = "\x1f"
+_DECODER = msgspec.json.Decoder(ResultRecord)
 
 
-class JournalEntry(BaseModel):
-    """The fields of a results record that recovery acts on."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
-
-    v: Literal[1]
-    group: Annotated[str, StringConstraints(max_length=255)] = ""
-    topic: Annotated[str, StringConstraints(max_length=249)] = ""
-    partition: Annotated[int, Field(ge=0, le=2**31 - 1)]
-    position: Annotated[int, Field(ge=0, le=2**63 - 1)]
-    trigger: Literal["record", "timer"]
-    kind: HookKind
-    conversation_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
-    turn: Annotated[int, Field(ge=0, le=1_000_000_000)]
-    sig: Annotated[str, StringConstraints(max_length=128)] | None = None
-
-    @classmethod
-    def from_mapping(cls, record: Mapping[str, Any]) -> JournalEntry | None:
-        try:
-            return cls.model_validate(record)
-        except ValidationError:
-            return None
-
-
-def signed_fields(record: Mapping[str, Any]) -> bytes:
+def signed_fields(record: ResultRecord) -> bytes:
     """The canonical bytes a signature covers (what recovery acts on, in a fixed order)."""
     parts = (
-        record.get("v"), record.get("group"), record.get("topic"), record.get("partition"),
-        record.get("position"), record.get("trigger"), record.get("kind"), record.get("conversation_id"),
-        record.get("turn"),
+        record.v, record.group, record.topic, record.partition, record.position, record.trigger, record.kind,
+        record.conversation_id, record.turn,
     )
     return _SEP.join(str(p) for p in parts).encode("utf-8", "surrogatepass")
 
@@ -69,23 +45,31 @@ class JournalSigner:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def _mac(self, key: bytes, record: Mapping[str, Any]) -> str:
+    def _mac(self, key: bytes, record: ResultRecord) -> str:
         return hmac.new(key, signed_fields(record), hashlib.sha256).hexdigest()
 
-    def sign(self, record: dict[str, Any]) -> None:
+    def sign(self, record: ResultRecord) -> None:
         if self._keys:
-            record[SIGNATURE_FIELD] = self._mac(self._keys[0], record)
+            record.sig = self._mac(self._keys[0], record)
 
-    def verify(self, entry: JournalEntry) -> bool:
+    def verify(self, entry: ResultRecord) -> bool:
         if not self._keys:
             return True
-        if entry.sig is None:
+        sig = entry.sig
+        if not isinstance(sig, str):
             return False
-        fields = entry.model_dump()
-        return any(hmac.compare_digest(self._mac(k, fields), entry.sig) for k in self._keys)
+        return any(hmac.compare_digest(self._mac(k, entry), sig) for k in self._keys)
 
 
-def read_entry(value: bytes | None, signer: JournalSigner) -> tuple[JournalEntry | None, str | None]:
+def entry_from_mapping(record: Mapping[str, Any]) -> ResultRecord | None:
+    """A record already parsed into a mapping, checked as :func:`read_entry` checks bytes; None if invalid."""
+    try:
+        return msgspec.convert(record, ResultRecord)
+    except (msgspec.ValidationError, RecursionError):
+        return None
+
+
+def read_entry(value: bytes | None, signer: JournalSigner) -> tuple[ResultRecord | None, str | None]:
     """``(entry, None)`` for a valid, trusted record; ``(None, reason)`` otherwise.
 
     Reasons: ``invalid`` (not JSON, wrong types or ranges, too deep), ``unsigned``,
@@ -94,13 +78,11 @@ def read_entry(value: bytes | None, signer: JournalSigner) -> tuple[JournalEntry
     if not value:
         return None, "invalid"
     try:
-        entry = JournalEntry.model_validate_json(value)
-    except ValidationError:
-        return None, "invalid"
-    except ValueError:  # pydantic-core's own limits (e.g. a number too large to represent)
+        entry = _DECODER.decode(value)
+    except (msgspec.DecodeError, RecursionError):  # DecodeError includes ValidationError
         return None, "invalid"
     if signer.enabled:
-        if entry.sig is None:
+        if not isinstance(entry.sig, str):
             return None, "unsigned"
         if not signer.verify(entry):
             return None, "bad_signature"

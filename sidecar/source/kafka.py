@@ -19,16 +19,17 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CorruptRecordException, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from sidecar.contract import ConversationHooks
+from sidecar.kafka_clients import client_kwargs
 from sidecar.lifecycle import Health
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.recovery import JournalReader
 from sidecar.source.results import KafkaResultsWriter
-from sidecar.source.worker import Batch, PartitionWorker, UnreadableRecord, batch_bytes
-from sidecar.source.writers import KafkaDeadLetterWriter, client_kwargs, make_producer
+from sidecar.source.worker import Batch, PartitionServices, PartitionWorker, UnreadableRecord, batch_bytes
+from sidecar.source.writers import KafkaDeadLetterWriter, make_producer
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
-from sidecar.state.hooks import ConversationHooks
 from sidecar.state.memory import MemoryBudget
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
@@ -86,6 +87,11 @@ class KafkaEventSource:
             fetch_max_bytes=cfg.fetch_max_bytes,
             max_partition_fetch_bytes=min(cfg.fetch_max_bytes, max(cfg.max_record_bytes + 65_536, 1_048_576)),
             isolation_level="read_committed",
+        )
+        self._services = PartitionServices(
+            cfg=cfg, state_cfg=state_cfg, hooks=hooks, metrics=metrics, stage=self.stage, budget=self.budget,
+            consumer=self.consumer, journal_reader=self.journal_reader, signer=self.signer, results=self.results,
+            dead_letters=self.dead_letters, count_journal_skip=self.count_journal_skip, set_paused=self.set_paused,
         )
         self._workers: dict[TopicPartition, PartitionWorker] = {}
         self._tg: asyncio.TaskGroup | None = None
@@ -155,7 +161,7 @@ class KafkaEventSource:
         for tp in assigned:
             if tp in self._workers:
                 continue
-            w = PartitionWorker(tp, self)
+            w = PartitionWorker(tp, self._services)
             self._workers[tp] = w
             if self._tg is not None:
                 w.task = self._tg.create_task(w.run(), name=f"partition-{tp.partition}")

@@ -16,25 +16,23 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import structlog
 
+from sidecar.contract import ConversationHooks, Effect, HookResult, Outcome, TurnContext, events_of
 from sidecar.errors import DecodeError
 from sidecar.events import decode_event
 from sidecar.source.journal import (
-    RESULT_VERSION,
     CommitPoint,
     DeadLetterWriter,
     Recovery,
     ResultsWriter,
     SourceRecord,
 )
-from sidecar.stage.events import Effect, events_of
+from sidecar.source.result_record import RESULT_VERSION, ResultRecord, TriggeredBy
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
-from sidecar.state.hooks import ConversationHooks, HookResult, Outcome, TurnContext
 from sidecar.state.memory import MemoryBudget
 from sidecar.state.store import PartitionState, Rejected, Trigger
 from sidecar.telemetry.stream_metrics import StreamMetrics, StreamMetricsCache
@@ -200,7 +198,7 @@ class PartitionProcessor:
     # -- effects -----------------------------------------------------------------------------
 
     async def _fire(
-        self, t: Trigger, position: int, trigger: str, replay: bool, received_at: float | None, *, wall: float
+        self, t: Trigger, position: int, trigger: TriggeredBy, replay: bool, received_at: float | None, *, wall: float
     ) -> None:
         kind = t.kind
         m = self._m
@@ -247,12 +245,12 @@ class PartitionProcessor:
             entry.waiter = asyncio.ensure_future(self._complete(entry, result, ctx, position, trigger))
 
     async def _complete(
-        self, entry: _Pending, aw: Awaitable[Outcome], ctx: TurnContext, position: int, trigger: str
+        self, entry: _Pending, aw: Awaitable[Outcome], ctx: TurnContext, position: int, trigger: TriggeredBy
     ) -> None:
         # Runs in its own task, whose context is a copy: binding here scopes to this effect.
         structlog.contextvars.bind_contextvars(conversation_id=ctx.conversation_id, turn=ctx.turn)
         try:
-            outcome: Mapping[str, Any] = await aw
+            outcome: Outcome = await aw
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -264,7 +262,7 @@ class PartitionProcessor:
 
     async def _after_stage(
         self, entry: _Pending, staged: Awaitable[None], *, ctx: TurnContext, outcome: Outcome, position: int,
-        trigger: str,
+        trigger: TriggeredBy,
     ) -> None:
         await staged
         await self._journal(entry, ctx, outcome, position, trigger)
@@ -276,23 +274,23 @@ class PartitionProcessor:
         return {"error": type(exc).__name__}
 
     async def _journal(
-        self, entry: _Pending, ctx: TurnContext, outcome: Mapping[str, Any], position: int, trigger: str
+        self, entry: _Pending, ctx: TurnContext, outcome: Outcome, position: int, trigger: TriggeredBy
     ) -> None:
-        record = {
-            "v": RESULT_VERSION,
-            "partition": self.partition,
-            "position": position,
-            "trigger": trigger,
-            "kind": ctx.kind,
-            "conversation_id": ctx.conversation_id,
-            "turn": ctx.turn,
-            "close_reason": ctx.close_reason,
-            "end_reason": ctx.end_reason,
-            "agent": ctx.agent,
-            "tenant": ctx.tenant,
-            "messages": len(ctx.messages),
-            "outcome": dict(outcome),
-        }
+        record = ResultRecord(
+            v=RESULT_VERSION,
+            partition=self.partition,
+            position=position,
+            trigger=trigger,
+            kind=ctx.kind,
+            conversation_id=ctx.conversation_id,
+            turn=ctx.turn,
+            close_reason=ctx.close_reason,
+            end_reason=ctx.end_reason,
+            agent=ctx.agent,
+            tenant=ctx.tenant,
+            messages=len(ctx.messages),
+            outcome=dict(outcome),
+        )
         acked = await self._results.submit(self.partition, ctx.conversation_id, record)
         entry.acked = acked
         acked.add_done_callback(lambda f: self._release(entry, f))

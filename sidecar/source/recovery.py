@@ -11,10 +11,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from sidecar.errors import DecodeError
 from sidecar.events import decode_event
+from sidecar.kafka_clients import client_kwargs
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import Recovery, parse_metadata
 from sidecar.source.journal_entry import JournalSigner, read_entry
-from sidecar.source.writers import client_kwargs
 
 log = structlog.get_logger(__name__)
 

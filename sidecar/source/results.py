@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 import structlog
@@ -26,7 +25,8 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal_entry import JournalSigner
-from sidecar.source.writers import WriteHealth, encode_result, flush_producer, send_until_acked
+from sidecar.source.result_record import ResultRecord
+from sidecar.source.writers import WriteHealth, encode_result, flush_producer, send_until_acked, too_large
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
 log = structlog.get_logger(__name__)
@@ -70,10 +70,10 @@ class KafkaResultsWriter:
             self._partitions = len(parts)
         return self._partitions
 
-    async def submit(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> asyncio.Future[int]:
+    async def submit(self, source_partition: int, conversation_id: str, record: ResultRecord) -> asyncio.Future[int]:
         n = self._partitions or await self.partition_count()
-        record["group"] = self._cfg.group_id
-        record["topic"] = self._cfg.topic
+        record.group = self._cfg.group_id
+        record.topic = self._cfg.topic
         self._signer.sign(record)
         item = _Item(
             asyncio.get_running_loop().create_future(),
@@ -135,9 +135,9 @@ class KafkaResultsWriter:
             except MessageSizeTooLargeError as exc:
                 # The broker's limit is below ours: record the effect as an error marker instead.
                 self.write_health.failed(exc, permanent=False)
-                record = msgspec.json.decode(item.value)
-                small = {**record, "outcome": {"error": "result_too_large", "bytes": len(item.value)}}
-                kwargs["value"] = msgspec.json.encode(small)
+                # Decoded from its own bytes rather than kept: holding every record until its batch
+                # is acknowledged costs the hot path (more live objects for the collector).
+                kwargs["value"] = too_large(msgspec.json.decode(item.value, type=ResultRecord), len(item.value))
                 md = await send_until_acked(self._producer, self._metrics, self.write_health, "results", **kwargs)
             if not item.done.done():
                 item.done.set_result(int(md.offset))
@@ -165,6 +165,6 @@ class KafkaResultsWriter:
     def health(self) -> tuple[bool, str]:
         return self.write_health.status()
 
-    async def append(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> int:
+    async def append(self, source_partition: int, conversation_id: str, record: ResultRecord) -> int:
         """Submit and wait for the acknowledgement."""
         return await (await self.submit(source_partition, conversation_id, record))

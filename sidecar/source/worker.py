@@ -5,21 +5,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import structlog
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
+from sidecar.contract import ConversationHooks
 from sidecar.retry import Backoff
-from sidecar.source.journal import CommitPoint, Recovery
+from sidecar.source.config import KafkaConfig
+from sidecar.source.journal import CommitPoint, DeadLetterWriter, Recovery
+from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.processor import PartitionProcessor
-from sidecar.source.recovery import load_recovery
-
-if TYPE_CHECKING:
-    from sidecar.source.kafka import KafkaEventSource
+from sidecar.source.recovery import JournalReader, load_recovery
+from sidecar.source.results import KafkaResultsWriter
+from sidecar.stage.pipeline import PostScoreStage
+from sidecar.state.config import StateConfig
+from sidecar.state.memory import MemoryBudget
+from sidecar.telemetry.stream_metrics import StreamMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +55,30 @@ class Batch:
     size_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionServices:
+    """What a :class:`PartitionWorker` uses of the source that owns it, and nothing more.
+
+    Built once by :class:`~sidecar.source.kafka.KafkaEventSource` and shared by all its workers:
+    the clients recovery reads with, the writers and the hooks the processor needs, and the one
+    call back into the source (``set_paused``: resume the partition once its queue has room).
+    """
+
+    cfg: KafkaConfig
+    state_cfg: StateConfig
+    hooks: ConversationHooks
+    metrics: StreamMetrics
+    stage: PostScoreStage
+    budget: MemoryBudget
+    consumer: AIOKafkaConsumer
+    journal_reader: JournalReader
+    signer: JournalSigner
+    results: KafkaResultsWriter
+    dead_letters: DeadLetterWriter
+    count_journal_skip: Callable[[str], None]
+    set_paused: Callable[[PartitionWorker, bool], None]
+
+
 def batch_bytes(records: Sequence[ConsumerRecord[bytes, bytes]]) -> int:
     return sum(len(r.value or b"") + len(r.key or b"") for r in records)
 
@@ -63,10 +91,10 @@ class PartitionWorker:
     and the worker resumes it once it has caught up.
     """
 
-    def __init__(self, tp: TopicPartition, source: KafkaEventSource) -> None:
+    def __init__(self, tp: TopicPartition, services: PartitionServices) -> None:
         self.tp = tp
-        self._source = source
-        self.queue: asyncio.Queue[Batch] = asyncio.Queue(maxsize=source.cfg.partition_queue_batches)
+        self._services = services
+        self.queue: asyncio.Queue[Batch] = asyncio.Queue(maxsize=services.cfg.partition_queue_batches)
         self.overflow: deque[Batch] = deque()
         self.queued_bytes = 0
         self.processor: PartitionProcessor | None = None
@@ -83,7 +111,7 @@ class PartitionWorker:
         if batch.records:
             self.next_fetch = batch.records[-1].offset + 1
         self.queued_bytes += batch.size_bytes
-        over_bytes = self.queued_bytes > self._source.cfg.max_queued_bytes_per_partition
+        over_bytes = self.queued_bytes > self._services.cfg.max_queued_bytes_per_partition
         if self.overflow or self.queue.full():
             self.overflow.append(batch)
             return False
@@ -92,7 +120,7 @@ class PartitionWorker:
 
     async def _recover(self) -> Recovery:
         """Load the recovery plan, waiting out transient Kafka errors (capped, jittered backoff)."""
-        src = self._source
+        src = self._services
         backoff = Backoff(RECOVERY_BACKOFF_INITIAL_SECONDS, RECOVERY_BACKOFF_MAX_SECONDS)
         while True:
             try:
@@ -108,7 +136,7 @@ class PartitionWorker:
                 await asyncio.sleep(delay)
 
     async def run(self) -> None:
-        src = self._source
+        src = self._services
         with structlog.contextvars.bound_contextvars(partition=self.tp.partition):
             recovery = await self._recover()
             src.metrics.recoveries.inc()
@@ -148,6 +176,6 @@ class PartitionWorker:
     def _refill(self) -> None:
         while self.overflow and not self.queue.full():
             self.queue.put_nowait(self.overflow.popleft())
-        room = self.queued_bytes <= self._source.cfg.max_queued_bytes_per_partition
+        room = self.queued_bytes <= self._services.cfg.max_queued_bytes_per_partition
         if not self.overflow and room and self.paused:
-            self._source.set_paused(self, False)
+            self._services.set_paused(self, False)

@@ -10,11 +10,12 @@ import msgspec
 import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
-from aiokafka.helpers import create_ssl_context
 
+from sidecar.kafka_clients import client_kwargs
 from sidecar.retry import until_accepted
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import SourceRecord
+from sidecar.source.result_record import ResultRecord
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
 log = structlog.get_logger(__name__)
@@ -55,26 +56,6 @@ class WriteHealth:
         age = time.monotonic() - self._failing_since
         healthy = not self._permanent and age < UNHEALTHY_AFTER_SECONDS
         return healthy, f"{self._error} for {age:.0f}s"
-
-
-def client_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
-    """Connection settings shared by every Kafka client of the sidecar (TLS and SASL included)."""
-    kw: dict[str, Any] = {
-        "bootstrap_servers": cfg.bootstrap_servers,
-        "client_id": cfg.client_id,
-        "request_timeout_ms": cfg.request_timeout_ms,
-        "security_protocol": cfg.security_protocol,
-    }
-    if cfg.security_protocol in ("SSL", "SASL_SSL"):
-        kw["ssl_context"] = create_ssl_context(
-            cafile=cfg.ssl_cafile, certfile=cfg.ssl_certfile, keyfile=cfg.ssl_keyfile
-        )
-    if cfg.security_protocol.startswith("SASL"):
-        assert cfg.sasl_password is not None  # enforced by KafkaConfig's validator
-        kw["sasl_mechanism"] = cfg.sasl_mechanism
-        kw["sasl_plain_username"] = cfg.sasl_username
-        kw["sasl_plain_password"] = cfg.sasl_password.get_secret_value()
-    return kw
 
 
 # Results are written in batches the writer fills itself (see sidecar.source.results); a batch
@@ -143,7 +124,7 @@ async def flush_producer(producer: AIOKafkaProducer, timeout_seconds: float) -> 
 _ENCODER = msgspec.json.Encoder()
 
 
-def encode_result(record: dict[str, Any], metrics: StreamMetrics) -> bytes:
+def encode_result(record: ResultRecord, metrics: StreamMetrics) -> bytes:
     """The record's bytes (compact JSON; NaN and infinities become null, so it is always valid JSON).
 
     An outcome too large to be written, or not JSON-serialisable (a hook returned an object), is
@@ -153,13 +134,18 @@ def encode_result(record: dict[str, Any], metrics: StreamMetrics) -> bytes:
         value = _ENCODER.encode(record)
     except (TypeError, ValueError, OverflowError) as exc:
         metrics.results_write_errors.labels("unserialisable").inc()
-        log.warning("kafka.result_unserialisable", kind=record.get("kind"), error=type(exc).__name__)
-        return _ENCODER.encode({**record, "outcome": {"error": "result_unserialisable"}})
+        log.warning("kafka.result_unserialisable", kind=record.kind, error=type(exc).__name__)
+        return _ENCODER.encode(msgspec.structs.replace(record, outcome={"error": "result_unserialisable"}))
     if len(value) <= MAX_RESULT_BYTES:
         return value
     metrics.results_write_errors.labels("oversized").inc()
-    log.warning("kafka.result_too_large", kind=record.get("kind"), size_bytes=len(value))
-    return _ENCODER.encode({**record, "outcome": {"error": "result_too_large", "bytes": len(value)}})
+    log.warning("kafka.result_too_large", kind=record.kind, size_bytes=len(value))
+    return too_large(record, len(value))
+
+
+def too_large(record: ResultRecord, size_bytes: int) -> bytes:
+    """The record with its outcome replaced by the ``result_too_large`` marker, encoded."""
+    return _ENCODER.encode(msgspec.structs.replace(record, outcome={"error": "result_too_large", "bytes": size_bytes}))
 
 
 class KafkaDeadLetterWriter:

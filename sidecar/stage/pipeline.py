@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import structlog
 
-from sidecar.stage.events import Effect
+from sidecar.contract import Effect
 
 log = structlog.get_logger(__name__)
 

@@ -27,10 +27,10 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from sidecar.contract import CloseReason, EndReason, HookKind
 from sidecar.events import Event
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
-from sidecar.state.hooks import CloseReason, EndReason, HookKind
 from sidecar.state.memory import (
     CONVERSATION_OVERHEAD_BYTES,
     FINISHED_ENTRY_OVERHEAD_BYTES,

@@ -26,9 +26,8 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from sidecar.contract import Effect, TurnContext
 from sidecar.lifecycle import Health
-from sidecar.stage.events import Effect
-from sidecar.state.hooks import TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.training_store.config import TrainingStoreConfig
 from sidecar.training_store.store import RotatingJsonlStore

@@ -1,6 +1,6 @@
 """A response tree as the renderer draws it: branches, their order on screen and their probability mass.
 
-Input is what the scorer emits (:class:`~sidecar.stage.events.TreeBranch`, built by
+Input is what the scorer emits (:class:`~sidecar.contract.TreeBranch`, built by
 :func:`sidecar.scoring.tree.branch_views`): every root-to-leaf path as (parent, split offset in
 characters from the root, own text, path logprob, complete, truncated). The tree is taken as
 untrusted data: a parent index that does not point at an earlier branch, a split outside the
@@ -23,7 +23,7 @@ from typing import Protocol
 
 
 class BranchLike(Protocol):
-    """The fields of :class:`~sidecar.stage.events.TreeBranch` the renderer reads."""
+    """The fields of :class:`~sidecar.contract.TreeBranch` the renderer reads."""
 
     @property
     def parent(self) -> int | None: ...

@@ -3,7 +3,7 @@
 :meth:`TreeView.observe` is registered with :meth:`Escalations.observe
 <sidecar.alerting.escalation.Escalations.observe>`: it is called on the event loop for every alert
 decided, with the effect that caused it. An ``uncertain_turn`` alert's tree (the effect's
-:class:`~sidecar.stage.events.TreeScored`) is kept under the alert's id in an LRU of
+:class:`~sidecar.contract.TreeScored`) is kept under the alert's id in an LRU of
 ``tree_view.max_trees`` entries, every alert in a ring of the last ``tree_view.max_escalations``.
 Text is kept only when ``alerting.include_text`` allows alerts to carry it; otherwise the branches
 keep their lengths and numbers and the page draws the shape alone.
@@ -19,7 +19,7 @@ import re
 from collections import OrderedDict, deque
 
 from sidecar.alerting.alert import Alert, Detail
-from sidecar.stage.events import Effect, TreeScored
+from sidecar.contract import Effect, TreeScored
 from sidecar.telemetry.http import Page, PageRoute
 from sidecar.trees.config import TreeViewConfig
 from sidecar.trees.pages import Escalation, StoredTree, escalations_page, message_page, tree_page

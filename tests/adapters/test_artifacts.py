@@ -11,7 +11,8 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from adapters.data.conversations import Conversation, eval_examples, read_conversations, split_of
+from adapters.data.conversations import Conversation, eval_examples, split_of
+from adapters.data.sources import read_conversations
 from adapters.data.tokenizer import END_TAG, SPECIAL_TOKENS, encode_messages, load_tokenizer, special_id
 from adapters.serving.manifest import file_sha256, message_cap
 from sidecar.transcript.model import Message

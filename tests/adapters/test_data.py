@@ -17,13 +17,13 @@ from adapters.data.conversations import (
     eval_examples,
     in_truncation_protocol,
     parse_record,
-    read_conversations,
     split_of,
     target_start,
     truncate,
     truncation_turn,
 )
 from adapters.data.prepare import prepare_dataset, sft_pair
+from adapters.data.sources import read_conversations
 from adapters.data.tokenizer import END_TAG, SPECIAL_TOKENS
 from sidecar.transcript.model import Message, count_turns
 from sidecar.transcript.render import render_text

@@ -18,9 +18,8 @@ from sidecar.alerting.config import AlertingConfig
 from sidecar.alerting.escalation import Escalations
 from sidecar.alerting.metrics import AlertMetrics
 from sidecar.alerting.sinks.base import AlertDeliveryError, AlertRejected
+from sidecar.contract import CompletionScored, Effect, GoalAssigned, TreeScored, TurnContext
 from sidecar.lifecycle import Health
-from sidecar.stage.events import CompletionScored, Effect, GoalAssigned, TreeScored
-from sidecar.state.hooks import TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message
 

@@ -30,9 +30,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.alerting.config import UncertaintyPolicyConfig
 from sidecar.alerting.policy import UncertaintyJudge
+from sidecar.contract import TreeScored, TurnContext
 from sidecar.scoring.scorers import Scorers
-from sidecar.stage.events import TreeScored
-from sidecar.state.hooks import TurnContext
 from sidecar.tools.demo import models
 from sidecar.tools.demo.replay import load_sample
 from sidecar.transcript.model import Message

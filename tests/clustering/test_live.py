@@ -16,9 +16,9 @@ from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.embed import Matrix
 from sidecar.clustering.live import OTHER, UNKNOWN, GoalClusterer
 from sidecar.clustering.llm import ExtractiveGoalLLM, MergeQuery, extractive_summary
+from sidecar.contract import ConversationHooks, Outcome, TurnContext
 from sidecar.errors import RetryableError
 from sidecar.lifecycle import Component, HealthReporter
-from sidecar.state.hooks import ConversationHooks, Outcome, TurnContext
 from sidecar.transcript.model import Message
 from tests.clustering.fakes import HashEmbedder
 

@@ -78,7 +78,7 @@ async def test_schema_guided_answers_parse_or_are_counted(vllm_server: VllmServe
 
 async def test_live_component_in_llm_mode_survives_the_nonsense(vllm_server: VllmServer) -> None:
     from sidecar.clustering.live import UNKNOWN, GoalClusterer
-    from sidecar.state.hooks import TurnContext
+    from sidecar.contract import TurnContext
 
     cfg = ClusteringConfig(
         enabled=True,

@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sidecar import cli
 from sidecar.app import run_app
 from sidecar.config import SidecarConfig
-from sidecar.state.hooks import RecordingHooks, TurnContext
+from sidecar.contract import TurnContext
+from sidecar.state.hooks import RecordingHooks
 from sidecar.tools.demo import cli as demo_cli
 from sidecar.tools.demo.cli import demo_events
 from sidecar.tools.demo.display import metric_summary

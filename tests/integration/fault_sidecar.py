@@ -21,7 +21,11 @@ from typing import Any  # noqa: E402
 
 from sidecar.app import run_forever  # noqa: E402
 from sidecar.config import load_config  # noqa: E402
-from sidecar.state.hooks import Outcome, RecordingHooks, TurnContext  # noqa: E402
+from sidecar.contract import (  # noqa: E402
+    Outcome,
+    RecordingHooks,
+    TurnContext,
+)
 
 
 class LateHooks(RecordingHooks):

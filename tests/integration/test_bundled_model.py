@@ -71,8 +71,7 @@ async def test_uncertain_turn_rate_tracks_the_target_on_real_conversations(bundl
     within 2 points; the trees themselves are not degenerate at the demo's alpha."""
     from sidecar.alerting.config import UncertaintyPolicyConfig
     from sidecar.alerting.policy import UncertaintyJudge
-    from sidecar.stage.events import TreeScored, events_of
-    from sidecar.state.hooks import TurnContext
+    from sidecar.contract import TreeScored, TurnContext, events_of
 
     cfg = bundled_vllm.scoring_config(tree={"alpha": 0.05, "max_staleness_seconds": 0, "skip_superseded": False})
     hooks = ScoringHooks.from_config(cfg, CollectorRegistry())

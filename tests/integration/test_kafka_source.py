@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import run_app
 from sidecar.config import SidecarConfig, load_config
+from sidecar.contract import Outcome, TurnContext
 from sidecar.source.journal import parse_metadata
-from sidecar.state.hooks import Outcome, RecordingHooks, TurnContext
+from sidecar.state.hooks import RecordingHooks
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from tests.integration.kafka_support import produce_raw, produce_with_header_key, read_topic, result_keys, write_config
 

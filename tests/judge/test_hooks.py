@@ -8,9 +8,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import HookResult, TurnContext
 from sidecar.judge.config import JudgeConfig
 from sidecar.judge.hooks import JudgeHooks
-from sidecar.state.hooks import CompositeHooks, HookResult, RecordingHooks, TurnContext
+from sidecar.state.hooks import CompositeHooks, RecordingHooks
 from sidecar.transcript.model import Message
 from tests.judge.fakes import FakeChatClient
 

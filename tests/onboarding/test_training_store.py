@@ -13,8 +13,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from adapters.data.sources import open_source
-from sidecar.stage.events import Effect
-from sidecar.state.hooks import TurnContext
+from sidecar.contract import Effect, TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.training_store.config import TrainingStoreConfig
 from sidecar.training_store.sink import TrainingStoreSink

@@ -11,11 +11,18 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import (
+    CompletionScored,
+    ConversationHooks,
+    HookResult,
+    Outcome,
+    TreeScored,
+    TurnContext,
+    events_of,
+)
 from sidecar.scoring.client import VllmRequestError
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.hooks import ScoringHooks
-from sidecar.stage.events import CompletionScored, TreeScored, events_of
-from sidecar.state.hooks import ConversationHooks, HookResult, Outcome, TurnContext
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message
 from tests.scoring.conversations import RESTAURANT, TRAVEL

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import TurnContext
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.hooks import ScoringHooks
-from sidecar.state.hooks import TurnContext
 from tests.scoring.conversations import CONVERSATIONS
 from tests.scoring.proxy import ToggleProxy
 from tests.support.vllm_server import VllmServer

@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import HookResult, Outcome, TreeScored, TurnContext, events_of
 from sidecar.errors import ConfigError, RetryableError
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.hooks import ScoringHooks
 from sidecar.scoring.scorers import Scorers
-from sidecar.stage.events import TreeScored, events_of
-from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from tests.scoring.conversations import RESTAURANT, TRAVEL
 from tests.scoring.fakes import ToyLM
 from tests.support.tiny_model import BOS, END_TAG, PAD, build_tokenizer

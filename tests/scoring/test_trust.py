@@ -11,11 +11,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from sidecar.contract import HookResult, Outcome, TurnContext
 from sidecar.scoring.completion import CompletionScore, with_threshold
 from sidecar.scoring.config import AgentConfig, ScoringConfig
 from sidecar.scoring.hooks import ScoringHooks
 from sidecar.scoring.trust import AdapterTrust, assess, manifest_f1
-from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from tests.scoring.conversations import RESTAURANT
 from tests.scoring.fakes import ToyLM
 from tests.support.tiny_model import build_tokenizer

@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import HookResult, Outcome, TurnContext
 from sidecar.scoring.client import GeneratedChoice, VllmClient
 from sidecar.scoring.completion import CompletionScorer
 from sidecar.scoring.config import ScoringConfig, VllmEndpointConfig
 from sidecar.scoring.hooks import ScoringHooks
 from sidecar.scoring.prompts import PromptBuilder
 from sidecar.scoring.tree import TreeBudget, TreeExpander
-from sidecar.state.hooks import HookResult, Outcome, TurnContext
 from sidecar.transcript.model import prefix_through_turn
 from sidecar.transcript.tokenize import SafeTokenizer
 from tests.scoring.conversations import CONVERSATIONS, SHORT

@@ -8,7 +8,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from sidecar.source.journal import CommitPoint, Recovery, SourceRecord
+from sidecar.source.result_record import ResultRecord
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,9 @@ class FakeJournal:
     ack_delay: float = 0.0
     _in_flight: set[asyncio.Future[int]] = field(default_factory=set)
 
-    async def submit(self, source_partition: int, conversation_id: str, record: dict[str, Any]) -> asyncio.Future[int]:
+    async def submit(self, source_partition: int, conversation_id: str, rec: ResultRecord) -> asyncio.Future[int]:
+        # What a reader of the topic gets back: the record's fields (an unset signature absent).
+        record = {k: v for k, v in msgspec.structs.asdict(rec).items() if v is not msgspec.UNSET}
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         landed: asyncio.Future[int] = loop.create_future()

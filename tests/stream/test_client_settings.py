@@ -8,8 +8,8 @@ import certifi
 import pytest
 from pydantic import ValidationError
 
+from sidecar.kafka_clients import client_kwargs, plaintext_client_kwargs
 from sidecar.source.config import KafkaConfig
-from sidecar.source.writers import client_kwargs
 
 
 def test_plaintext_by_default() -> None:
@@ -39,3 +39,13 @@ def test_missing_ca_file_is_a_clear_error() -> None:
 def test_sasl_without_credentials_is_rejected() -> None:
     with pytest.raises(ValidationError, match="sasl_mechanism"):
         KafkaConfig(security_protocol="SASL_PLAINTEXT", sasl_username="svc")
+
+
+def test_a_role_may_name_its_client_and_nothing_else_changes() -> None:
+    cfg = KafkaConfig(client_id="sidecar")
+    assert client_kwargs(cfg, client_id="sidecar-alerts") == {**client_kwargs(cfg), "client_id": "sidecar-alerts"}
+
+
+def test_brokers_named_by_address_only_get_aiokafka_defaults() -> None:
+    assert plaintext_client_kwargs("h:9092") == {"bootstrap_servers": "h:9092"}
+    assert plaintext_client_kwargs("h:9092", client_id="tool") == {"bootstrap_servers": "h:9092", "client_id": "tool"}

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from sidecar.source.journal import CommitPoint, Recovery, parse_metadata
-from sidecar.source.journal_entry import JournalEntry, JournalSigner, read_entry
+from sidecar.source.journal_entry import JournalSigner, entry_from_mapping, read_entry
+from sidecar.source.result_record import ResultRecord
 from sidecar.source.writers import MAX_RESULT_BYTES, WriteHealth, encode_result
 from sidecar.telemetry.stream_metrics import StreamMetrics
 
@@ -51,8 +53,9 @@ def test_arbitrary_bytes_never_raise(value: bytes) -> None:
 
 def test_signing_keys_make_forgeries_inert_and_rotation_works() -> None:
     old, new = JournalSigner([b"old"]), JournalSigner([b"new", b"old"])
-    signed = record()
-    old.sign(signed)
+    signed_record = msgspec.convert(record(), ResultRecord)
+    old.sign(signed_record)
+    signed = msgspec.to_builtins(signed_record)
     assert read_entry(json.dumps(signed).encode(), new)[1] is None  # verified by the second key
     forged = record()
     assert read_entry(json.dumps(forged).encode(), new)[1] == "unsigned"
@@ -86,13 +89,14 @@ def test_commit_metadata_round_trips_and_rejects_damage() -> None:
 def test_an_outcome_too_large_to_write_becomes_an_error_marker() -> None:
     """Regression: a record the broker refuses was resent forever, pinning its partition."""
     metrics = StreamMetrics(CollectorRegistry())
-    small = encode_result(record(), metrics)
+    small = encode_result(msgspec.convert(record(), ResultRecord), metrics)
     assert json.loads(small)["outcome"] == {"ok": True}
-    big = encode_result(record(outcome={"text": "x" * (MAX_RESULT_BYTES + 10)}), metrics)
+    big = encode_result(msgspec.convert(record(outcome={"text": "x" * (MAX_RESULT_BYTES + 10)}), ResultRecord), metrics)
     assert len(big) < 1024
     parsed = json.loads(big)
     assert parsed["outcome"]["error"] == "result_too_large" and parsed["conversation_id"] == "c"
-    assert JournalEntry.model_validate(parsed).kind == "turn_closed"  # still a valid journal entry
+    entry = entry_from_mapping(parsed)
+    assert entry is not None and entry.kind == "turn_closed"  # still a valid journal entry
 
 
 def test_write_health_fails_at_once_on_permanent_errors_and_late_on_transient() -> None:
@@ -107,3 +111,12 @@ def test_write_health_fails_at_once_on_permanent_errors_and_late_on_transient() 
     assert not ok and "TopicAuthorizationFailedError" in detail
     h.ok()
     assert h.status() == (True, "ok")
+
+
+def test_the_reader_checks_every_field_of_the_record_type() -> None:
+    """Reader and writer share one type: a field recovery does not act on must still have its type
+    (a record with ``"agent": 5`` was not written by a sidecar and is skipped), and may be absent."""
+    signer = JournalSigner([])
+    assert read_entry(json.dumps(record()).encode(), signer)[1] is None
+    for bad in [{"outcome": "x"}, {"agent": 5}, {"messages": "3"}, {"close_reason": "bogus"}]:
+        assert read_entry(json.dumps(record(**bad)).encode(), signer) == (None, "invalid"), bad

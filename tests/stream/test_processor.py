@@ -14,10 +14,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import Outcome, TurnContext
 from sidecar.source.journal import CommitPoint, Recovery
 from sidecar.source.processor import PartitionProcessor
 from sidecar.state.config import StateConfig
-from sidecar.state.hooks import Outcome, RecordingHooks, TurnContext
+from sidecar.state.hooks import RecordingHooks
 from sidecar.telemetry.stream_metrics import StreamMetrics
 from tests.stream.fakes import FakeJournal, Rec, event, record
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from sidecar.contract import Effect, GoalAssigned, HookResult, Scored, TurnContext
 from sidecar.source.processor import PartitionProcessor
-from sidecar.stage.events import Effect, GoalAssigned, Scored
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
-from sidecar.state.hooks import CompositeHooks, HookResult, RecordingHooks, TurnContext
+from sidecar.state.hooks import CompositeHooks, RecordingHooks
 from sidecar.telemetry.stream_metrics import StreamMetrics
 from tests.stream.fakes import FakeJournal, event, record
 

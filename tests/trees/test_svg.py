@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.stage.events import TreeBranch
+from sidecar.contract import TreeBranch
 from sidecar.trees.shape import build_shape
 from sidecar.trees.svg import SvgStyle, clip, escape, max_svg_bytes, render_svg
 from tests.trees import trees

@@ -15,9 +15,8 @@ from prometheus_client import CollectorRegistry
 from sidecar.alerting.alert import alert_id
 from sidecar.app import build_hooks
 from sidecar.config import SidecarConfig
-from sidecar.stage.events import Effect, TreeBranch, TreeScored
+from sidecar.contract import Effect, TreeBranch, TreeScored, TurnContext
 from sidecar.stage.pipeline import OutcomeSink
-from sidecar.state.hooks import TurnContext
 from sidecar.telemetry.config import HttpConfig
 from sidecar.telemetry.http import HttpServer
 from sidecar.transcript.model import Message

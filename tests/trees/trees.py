@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from sidecar.stage.events import TreeBranch
+from sidecar.contract import TreeBranch
 
 HOSTILE = (
     "<script>alert(1)</script>",

@@ -22,10 +22,10 @@ from sidecar.alerting.alert import Alert
 from sidecar.alerting.config import KafkaAlertSinkConfig, RetryConfig
 from sidecar.alerting.sinks._common import DestinationHealth, dump_json, wire_payload
 from sidecar.alerting.sinks.base import AlertDeliveryError, AlertRejected
+from sidecar.kafka_clients import client_kwargs
 from sidecar.lifecycle import Health
 from sidecar.retry import Backoff
 from sidecar.source.config import KafkaConfig
-from sidecar.source.writers import client_kwargs
 from sidecar.supervision import Supervised, spawn
 
 log = structlog.get_logger(__name__)
@@ -35,8 +35,7 @@ ProducerFactory = Callable[[], AIOKafkaProducer]
 
 def make_alert_producer(kafka: KafkaConfig) -> AIOKafkaProducer:
     """An idempotent ``acks=all`` producer with the sidecar's connection, TLS and SASL settings."""
-    kw = client_kwargs(kafka)
-    kw["client_id"] = f"{kafka.client_id}-alerts"
+    kw = client_kwargs(kafka, client_id=f"{kafka.client_id}-alerts")
     return AIOKafkaProducer(**kw, acks="all", enable_idempotence=True)
 
 

@@ -28,6 +28,7 @@ from typing import Any, Final
 from aiokafka import AIOKafkaProducer
 
 from sidecar.errors import SidecarError
+from sidecar.kafka_clients import plaintext_client_kwargs
 from sidecar.transcript.dataset import DatasetError, ReadStats, read_conversations, record_json
 
 Event = dict[str, Any]
@@ -210,8 +211,8 @@ async def produce(
     """
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"rate must be a positive number of events per second, not {rate}")
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                                client_id="sidecar-demo-producer")
+    producer = AIOKafkaProducer(**plaintext_client_kwargs(bootstrap, client_id="sidecar-demo-producer"), acks="all",
+                                linger_ms=5)
     await producer.start()
     sent = 0
     in_flight: set[asyncio.Future[Any]] = set()

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.stage.events import TreeBranch
+from sidecar.contract import TreeBranch
 from sidecar.tools.eval.metrics import completion_section, tree_samples, uncertainty_section
 from sidecar.tools.judge.report import MethodRow
 from sidecar.trees.pages import CSS

@@ -19,6 +19,7 @@ from typing import IO, Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 
+from sidecar.kafka_clients import plaintext_client_kwargs
 from sidecar.tools.demo.replay import encode
 
 # Sends awaiting acknowledgement at most: bounds memory while keeping the producer's batches full.
@@ -74,7 +75,7 @@ class KafkaEventWriter:
     async def start(self) -> None:
         if self._producer is None:
             producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap_servers, acks="all", linger_ms=5, client_id=self._client_id
+                **plaintext_client_kwargs(self.bootstrap_servers, client_id=self._client_id), acks="all", linger_ms=5
             )
             try:
                 await producer.start()

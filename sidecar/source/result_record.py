@@ -1,0 +1,52 @@
+"""``ResultRecord``: one hook outcome as the results topic holds it, written and read as one type.
+
+The processor builds it, the results writer completes it (``group``, ``topic``, ``sig``) and
+encodes it; recovery decodes the same type from the topic. The wire format is this struct's JSON,
+fields in declaration order, ``sig`` absent when records are not signed (pinned byte for byte by
+``tests/stream/test_results_wire.py``).
+
+The constraints are those recovery needs to trust a record it reads back (the topic is untrusted
+input, see :mod:`sidecar.source.journal_entry`); msgspec checks them when decoding, never when
+the processor builds a record. Fields recovery does not act on have defaults, so a record that
+lacks them still reads back.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from sidecar.contract import CloseReason, EndReason, HookKind
+
+RESULT_VERSION: Literal[1] = 1
+
+TriggeredBy = Literal["record", "timer"]
+
+
+class ResultRecord(msgspec.Struct, kw_only=True):
+    """One effect: which hook call of which conversation, triggered where, and its outcome."""
+
+    v: Literal[1]
+    partition: Annotated[int, Meta(ge=0, le=2**31 - 1)]
+    """The source partition."""
+    position: Annotated[int, Meta(ge=0, le=2**63 - 1)]
+    """The source offset the effect was triggered at (a timer: the partition's next offset)."""
+    trigger: TriggeredBy
+    kind: HookKind
+    conversation_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    turn: Annotated[int, Meta(ge=0, le=1_000_000_000)]
+    close_reason: CloseReason | None = None
+    end_reason: EndReason | None = None
+    agent: str | None = None
+    tenant: str | None = None
+    messages: int = 0
+    """How many messages the hook saw."""
+    outcome: dict[str, Any] = {}
+    """The hook's :data:`~sidecar.contract.Outcome` (a JSON object)."""
+    group: Annotated[str, Meta(max_length=255)] = ""
+    """The consumer group and the source topic, set by the writer: one results topic may serve several."""
+    topic: Annotated[str, Meta(max_length=249)] = ""
+    sig: Annotated[str, Meta(max_length=128)] | UnsetType | None = UNSET
+    """HMAC-SHA256 over the fields recovery acts on, when signing keys are configured."""
