@@ -27,6 +27,7 @@ import structlog
 from sidecar.transcript.dataset import (
     ConversationRecord,
     InvalidRecord,
+    ReadStats,
     parse_conversation,
     parse_message,
     without_artefacts,
@@ -166,3 +167,10 @@ def eval_examples(conv: Conversation, seed: int) -> list[Example]:
 def messages_from_json(items: Sequence[Any]) -> tuple[Message, ...]:
     """The messages of a prepared record (``train.jsonl``, ``test.jsonl``): the dataset schema's."""
     return tuple(parse_message(t) for t in items)
+
+
+def stats_json(stats: ReadStats) -> dict[str, Any]:
+    """What a manifest records of a read (no message text)."""
+    return {"files": stats.files, "lines": stats.lines, "bytes": stats.bytes,
+            "conversations": stats.records, "malformed": stats.malformed,
+            "malformed_reasons": dict(sorted(stats.skipped.items()))}

@@ -21,12 +21,12 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from adapters.data.conversations import Conversation
-from adapters.data.sources import ReadLimits, ReadStats, stats_json
+from adapters.data.conversations import Conversation, stats_json
 from adapters.errors import DataError
 from sidecar.errors import DecodeError
 from sidecar.events import Event, decode_event
 from sidecar.kafka_clients import plaintext_client_kwargs
+from sidecar.transcript.dataset import ReadLimits, ReadStats
 
 log = structlog.get_logger()
 

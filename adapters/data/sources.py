@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from adapters.data.conversations import BadRecordError, Conversation, from_record
+from adapters.data.conversations import BadRecordError, Conversation, from_record, stats_json
 from adapters.errors import DataError
 from adapters.serving.manifest import file_sha256
 from sidecar.transcript.dataset import MAX_TOTAL_BYTES, DatasetError, ReadLimits, ReadStats
@@ -58,13 +58,6 @@ def explain(stats: ReadStats, name: str, without_user: int) -> str:
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats.skipped.items()))
     return (f"data set {name!r} has no usable conversation: {stats.lines} lines read, {stats.malformed} "
             f"malformed{f' ({reasons})' if reasons else ''}, {without_user} without a user message")
-
-
-def stats_json(stats: ReadStats) -> dict[str, Any]:
-    """What a manifest records of a read (no message text)."""
-    return {"files": stats.files, "lines": stats.lines, "bytes": stats.bytes,
-            "conversations": stats.records, "malformed": stats.malformed,
-            "malformed_reasons": dict(sorted(stats.skipped.items()))}
 
 
 class Source(Protocol):

@@ -123,12 +123,13 @@ class KafkaEventSource:
 
     async def stop(self) -> None:
         """Commit what is safe, leave the group, close clients. Idempotent, safe without start()."""
-        if self._stopped or not self._started:
-            self._stopped = True
+        if self._stopped:
             return
         self._stopped = True
-        with contextlib.suppress(KafkaError):
-            await self.revoke(list(self._workers))
+        if self._started:
+            with contextlib.suppress(KafkaError):
+                await self.revoke(list(self._workers))
+        # Built in __init__: closed even when start() never ran (else they leak their sessions).
         await self.consumer.stop()
         await self.journal_reader.stop()
         await self.producer.stop()

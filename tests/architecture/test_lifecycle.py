@@ -241,11 +241,7 @@ async def _leaves_nothing_behind() -> AsyncIterator[None]:
         pytest.fail(f"left behind: tasks {[t.get_name() for t in left_tasks()]}, threads {left_threads()}")
 
 
-_KNOWN_GAPS = {
-    # Its aiokafka clients are built in __init__, and stop() without start() does not close them
-    # (ResourceWarning "Unclosed AIOKafkaConsumer/Producer"): a fix for sidecar/source.
-    "kafka-source": pytest.mark.xfail(reason="stop() before start() leaves the aiokafka clients unclosed", strict=True),
-}
+_KNOWN_GAPS: dict[str, pytest.MarkDecorator] = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_KNOWN_GAPS.get(n, ())) for n in sorted(CASES)])
