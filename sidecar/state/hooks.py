@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from sidecar.events import SpanRef
 from sidecar.stage.events import Scored, events_of
 from sidecar.transcript.model import Message
 
@@ -47,7 +48,8 @@ class TurnContext:
     ``conversation_ended`` the last turn (0 if the user never spoke). ``triggered_at_unix`` is the
     wall-clock time (seconds since the epoch) at which the trigger was seen: when the record was
     fetched from Kafka, or when a timer fired. Latency metrics that span processes (user message to
-    alert) start from it.
+    alert) start from it. ``span`` is the OpenTelemetry span of the last message in ``messages``
+    that carried one (events derived from traces), else None.
     """
 
     kind: HookKind
@@ -59,6 +61,7 @@ class TurnContext:
     close_reason: CloseReason | None = None
     end_reason: EndReason | None = None
     triggered_at_unix: float | None = None
+    span: SpanRef | None = None
 
     @property
     def key(self) -> tuple[str, int, HookKind]:
