@@ -24,7 +24,9 @@ class DeliveryConfig(BaseModel):
     model_config = _frozen
 
     max_batch_records: int = Field(
-        512, ge=1, le=10_000, description="Records per request at most (OTLP; Langfuse and Phoenix: per round)."
+        512, ge=1, le=10_000,
+        description="Records per batch at most: one OTLP request, one Phoenix request per endpoint, or that "
+        "many Langfuse requests in a row.",
     )
     max_queue_records: int = Field(
         4096, ge=1, le=1_000_000,
@@ -47,7 +49,7 @@ class OtlpEvaluationsConfig(BaseModel):
 
     model_config = _frozen
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="Send gen_ai.evaluation.result log records over OTLP/HTTP.")
     endpoint: str = Field(
         "http://127.0.0.1:4318/v1/logs", description="The full OTLP/HTTP logs URL (a collector's :4318/v1/logs)."
     )
@@ -68,12 +70,12 @@ class LangfuseEvaluationsConfig(BaseModel):
 
     model_config = _frozen
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="Post each verdict as a Langfuse score.")
     url: str = Field("https://cloud.langfuse.com", description="Langfuse's root URL.")
     public_key: SecretStr | None = Field(None, description="The project's public key (basic auth user).")
     secret_key: SecretStr | None = Field(None, description="The project's secret key (basic auth password).")
     environment: str | None = Field(None, max_length=40, description="Langfuse environment of the scores.")
-    delivery: DeliveryConfig = Field(default_factory=lambda: DeliveryConfig(max_batch_records=50))
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
 
     @model_validator(mode="after")
     def _complete(self) -> LangfuseEvaluationsConfig:
@@ -88,10 +90,10 @@ class PhoenixEvaluationsConfig(BaseModel):
 
     model_config = _frozen
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="Post each verdict as a Phoenix span or session annotation.")
     url: str = Field("http://127.0.0.1:6006", description="Phoenix's root URL.")
     api_key: SecretStr | None = Field(None, description="Sent as a bearer token when set.")
-    delivery: DeliveryConfig = Field(default_factory=lambda: DeliveryConfig(max_batch_records=100))
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
 
     @model_validator(mode="after")
     def _url(self) -> PhoenixEvaluationsConfig:

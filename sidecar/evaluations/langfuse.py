@@ -62,8 +62,9 @@ def basic_auth(cfg: LangfuseEvaluationsConfig) -> str:
 class LangfuseScoresSink(ResultsSink):
     """POSTs each result of a batch as a Langfuse score, in order.
 
-    A failure part-way retries the whole batch: scores already accepted are sent again with the
-    same ``id`` and Langfuse keeps one.
+    A failure part-way retries the batch from the score that failed (the scores of this batch
+    already accepted are remembered until it is done); a score sent twice all the same (after a
+    restart) has the same ``id`` and Langfuse keeps one.
     """
 
     name = "langfuse"
@@ -79,7 +80,17 @@ class LangfuseScoresSink(ResultsSink):
             transport=transport,
         )
         super().__init__([self._http], cfg.delivery, metrics, include_text=include_text)
+        self._batch: Sequence[EvaluationResult] | None = None
+        self._accepted: set[str] = set()
 
     async def send(self, batch: Sequence[EvaluationResult]) -> None:
+        if batch is not self._batch:  # a retry passes the same batch again; anything else is new
+            self._batch = batch
+            self._accepted.clear()
         for result in batch:
+            if result.record_id in self._accepted:
+                continue
             await self._http.post(dump_json(score_body(result, self._cfg.environment)), {})
+            self._accepted.add(result.record_id)
+        self._batch = None
+        self._accepted.clear()

@@ -116,3 +116,13 @@ async def test_langfuse_failures_retry_the_batch_and_rejections_are_counted(rece
     assert registry.get_sample_value("sidecar_evaluation_results_failed_total",
                                      {"sink": "langfuse", "reason": "http_401"}) == 1
     assert len(json_bodies(receiver)) == 7
+
+
+async def test_langfuse_retry_resumes_at_the_failed_score(receiver: Receiver) -> None:
+    cfg = LangfuseEvaluationsConfig(enabled=True, url=receiver.url, public_key="pk", secret_key="sk",
+                                    delivery=DELIVERY.model_copy(update={"flush_seconds": 0.3}))
+    receiver.plan.extend([200, 200, 503])
+    await run(LangfuseScoresSink(cfg, EvaluationMetrics(CollectorRegistry()), include_text=False))
+    ids = [b["id"] for _, _, b in json_bodies(receiver)]
+    assert receiver.answers[:3] == [200, 200, 503]
+    assert len(ids) == 8 and len(set(ids)) == 8  # the two accepted before the 503 were not sent again

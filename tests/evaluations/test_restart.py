@@ -16,7 +16,8 @@ from sidecar.evaluations.config import DeliveryConfig, OtlpEvaluationsConfig
 from sidecar.evaluations.metrics import EvaluationMetrics
 from sidecar.evaluations.otlp import OtlpEvaluationsSink
 from sidecar.evaluations.results import record_id
-from sidecar.source.processor import CommitPoint, PartitionProcessor
+from sidecar.source.journal import CommitPoint
+from sidecar.source.processor import PartitionProcessor
 from sidecar.stage.events import GoalAssigned, Scored
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
