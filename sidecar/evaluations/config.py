@@ -24,12 +24,16 @@ class DeliveryConfig(BaseModel):
     model_config = _frozen
 
     max_batch_records: int = Field(
-        512, ge=1, le=10_000,
+        512,
+        ge=1,
+        le=10_000,
         description="Records per batch at most: one OTLP request, one Phoenix request per endpoint, or that "
         "many Langfuse requests in a row.",
     )
     max_queue_records: int = Field(
-        4096, ge=1, le=1_000_000,
+        4096,
+        ge=1,
+        le=1_000_000,
         description="Records waiting at most; beyond it effects wait (the stage pins them: backpressure).",
     )
     flush_seconds: float = Field(

@@ -158,8 +158,13 @@ class BatchDelivery:
     async def _until_accepted(self, results: list[EvaluationResult]) -> None:
         def retrying(exc: BaseException, delay: float) -> None:
             self._metrics.retries.labels(self.sink, _label(_reason(exc))).inc()
-            log.warning("evaluations.delivery_retry", sink=self.sink, records=len(results), error=_reason(exc),
-                        retry_in_seconds=round(delay, 2))
+            log.warning(
+                "evaluations.delivery_retry",
+                sink=self.sink,
+                records=len(results),
+                error=_reason(exc),
+                retry_in_seconds=round(delay, 2),
+            )
 
         retry = self._cfg.retry
         await until_accepted(

@@ -69,8 +69,14 @@ class LangfuseScoresSink(ResultsSink):
 
     name = "langfuse"
 
-    def __init__(self, cfg: LangfuseEvaluationsConfig, metrics: EvaluationMetrics, *, include_text: bool,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        cfg: LangfuseEvaluationsConfig,
+        metrics: EvaluationMetrics,
+        *,
+        include_text: bool,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self._cfg = cfg
         self._http = HttpDestination(
             self.name,

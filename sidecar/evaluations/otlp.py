@@ -56,8 +56,11 @@ def log_record(result: EvaluationResult, now_unix: float) -> LogRecord:
         attrs.append(_kv("gen_ai.agent.name", result.agent))
     if result.model:
         attrs.append(_kv("gen_ai.request.model", result.model))
-    attrs += [_kv("log.record.uid", result.record_id), _kv("sidecar.turn", result.turn),
-              _kv("sidecar.hook", result.hook)]
+    attrs += [
+        _kv("log.record.uid", result.record_id),
+        _kv("sidecar.turn", result.turn),
+        _kv("sidecar.hook", result.hook),
+    ]
     if result.final:
         attrs.append(_kv("sidecar.final", True))
     now_ns = int(now_unix * 1e9)
@@ -89,8 +92,14 @@ class OtlpEvaluationsSink(ResultsSink):
 
     name = "otlp"
 
-    def __init__(self, cfg: OtlpEvaluationsConfig, metrics: EvaluationMetrics, *, include_text: bool,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        cfg: OtlpEvaluationsConfig,
+        metrics: EvaluationMetrics,
+        *,
+        include_text: bool,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self._cfg = cfg
         headers = {k: v.get_secret_value() for k, v in cfg.headers.items()}
         self._http = HttpDestination(

@@ -62,17 +62,25 @@ class PhoenixAnnotationsSink(ResultsSink):
 
     name = "phoenix"
 
-    def __init__(self, cfg: PhoenixEvaluationsConfig, metrics: EvaluationMetrics, *, include_text: bool,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        cfg: PhoenixEvaluationsConfig,
+        metrics: EvaluationMetrics,
+        *,
+        include_text: bool,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         headers = {"user-agent": USER_AGENT, "content-type": "application/json"}
         if cfg.api_key is not None:
             headers["authorization"] = f"Bearer {cfg.api_key.get_secret_value()}"
         root = cfg.url.rstrip("/")
         timeout = cfg.delivery.timeout_seconds
-        self._spans = HttpDestination(self.name, root + SPAN_PATH, timeout_seconds=timeout, headers=headers,
-                                      transport=transport)
-        self._sessions = HttpDestination(self.name, root + SESSION_PATH, timeout_seconds=timeout, headers=headers,
-                                         transport=transport)
+        self._spans = HttpDestination(
+            self.name, root + SPAN_PATH, timeout_seconds=timeout, headers=headers, transport=transport
+        )
+        self._sessions = HttpDestination(
+            self.name, root + SESSION_PATH, timeout_seconds=timeout, headers=headers, transport=transport
+        )
         super().__init__([self._spans, self._sessions], cfg.delivery, metrics, include_text=include_text)
 
     async def send(self, batch: Sequence[EvaluationResult]) -> None:

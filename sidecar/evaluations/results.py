@@ -79,14 +79,32 @@ def evaluation_results(effect: Effect, *, include_text: bool = False) -> list[Ev
     ctx = effect.ctx
     out: list[EvaluationResult] = []
 
-    def add(name: EvaluationName, score: float | None, label: str | None, explanation: str | None,
-            model: str | None, *, final: bool = False) -> None:
-        out.append(EvaluationResult(
-            record_id=record_id(ctx.conversation_id, ctx.turn, ctx.kind, name),
-            name=name, conversation_id=ctx.conversation_id, turn=ctx.turn, hook=ctx.kind,
-            score=_finite(score), label=label, explanation=_text(explanation) if explanation else None,
-            span=ctx.span, agent=ctx.agent, model=model, time_unix=ctx.triggered_at_unix, final=final,
-        ))
+    def add(
+        name: EvaluationName,
+        score: float | None,
+        label: str | None,
+        explanation: str | None,
+        model: str | None,
+        *,
+        final: bool = False,
+    ) -> None:
+        out.append(
+            EvaluationResult(
+                record_id=record_id(ctx.conversation_id, ctx.turn, ctx.kind, name),
+                name=name,
+                conversation_id=ctx.conversation_id,
+                turn=ctx.turn,
+                hook=ctx.kind,
+                score=_finite(score),
+                label=label,
+                explanation=_text(explanation) if explanation else None,
+                span=ctx.span,
+                agent=ctx.agent,
+                model=model,
+                time_unix=ctx.triggered_at_unix,
+                final=final,
+            )
+        )
 
     seen: set[EvaluationName] = set()
     for event in effect.events:
@@ -112,9 +130,7 @@ def _uncertainty(tree: TreeScored) -> tuple[float | None, str, str]:
         return None, "unscored", f"no branch above the threshold ({tree.budget_hit or 'no budget hit'})"
     score = 1.0 - math.exp(min(0.0, tree.max_logprob))
     label = "confident" if tree.leaves == 1 else "branching"
-    explanation = (
-        f"{tree.leaves} leaves ({tree.complete_leaves} complete), best branch logprob {tree.max_logprob:.3f}"
-    )
+    explanation = f"{tree.leaves} leaves ({tree.complete_leaves} complete), best branch logprob {tree.max_logprob:.3f}"
     if tree.budget_hit:
         explanation += f", budget hit: {tree.budget_hit}"
     return score, label, explanation

@@ -37,10 +37,14 @@ LANGFUSE_SCORE: dict[str, Any] = {
         "configId": {"type": "string"},
     },
     "allOf": [
-        {"if": {"properties": {"dataType": {"const": "NUMERIC"}}, "required": ["dataType"]},
-         "then": {"properties": {"value": {"type": "number"}}}},
-        {"if": {"properties": {"dataType": {"const": "CATEGORICAL"}}, "required": ["dataType"]},
-         "then": {"properties": {"value": {"type": "string"}}}},
+        {
+            "if": {"properties": {"dataType": {"const": "NUMERIC"}}, "required": ["dataType"]},
+            "then": {"properties": {"value": {"type": "number"}}},
+        },
+        {
+            "if": {"properties": {"dataType": {"const": "CATEGORICAL"}}, "required": ["dataType"]},
+            "then": {"properties": {"value": {"type": "string"}}},
+        },
         {"if": {"required": ["observationId"]}, "then": {"required": ["traceId"]}},
     ],
 }
@@ -76,8 +80,12 @@ def _annotation(subject: str, pattern: str | None = None) -> dict[str, Any]:
 
 
 def _request(item: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "required": ["data"], "additionalProperties": False,
-            "properties": {"data": {"type": "array", "items": item}}}
+    return {
+        "type": "object",
+        "required": ["data"],
+        "additionalProperties": False,
+        "properties": {"data": {"type": "array", "items": item}},
+    }
 
 
 PHOENIX_SPAN_ANNOTATIONS = _request(_annotation("span_id", "^[0-9a-f]{16}$"))
@@ -86,13 +94,23 @@ PHOENIX_SESSION_ANNOTATIONS = _request(_annotation("session_id"))
 # The documentation's own example of a span annotation (Phoenix "Capture feedback"): the schema
 # above must accept it, or it was written down wrong.
 PHOENIX_DOC_EXAMPLE = {
-    "data": [{
-        "span_id": "67f6740bbe1ddc3f", "name": "correctness", "annotator_kind": "HUMAN",
-        "result": {"label": "correct", "score": 0.85, "explanation": "The response answered the question I asked"},
-        "metadata": {"model": "gpt-4", "threshold_ms": 500, "confidence": "high"}, "identifier": "user-123",
-    }]
+    "data": [
+        {
+            "span_id": "67f6740bbe1ddc3f",
+            "name": "correctness",
+            "annotator_kind": "HUMAN",
+            "result": {"label": "correct", "score": 0.85, "explanation": "The response answered the question I asked"},
+            "metadata": {"model": "gpt-4", "threshold_ms": 500, "confidence": "high"},
+            "identifier": "user-123",
+        }
+    ]
 }
 LANGFUSE_DOC_EXAMPLE = {
-    "id": "unique-id", "traceId": "trace-id-123", "observationId": "generation-id-456", "name": "quality",
-    "value": 0.8, "dataType": "NUMERIC", "comment": "High accuracy score",
+    "id": "unique-id",
+    "traceId": "trace-id-123",
+    "observationId": "generation-id-456",
+    "name": "quality",
+    "value": 0.8,
+    "dataType": "NUMERIC",
+    "comment": "High accuracy score",
 }

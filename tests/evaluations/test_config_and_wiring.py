@@ -21,11 +21,15 @@ def test_off_by_default_and_nothing_wired() -> None:
 
 
 def test_each_enabled_sink_is_a_stage_sink_a_component_and_a_health_check() -> None:
-    config = load_config(overrides={"evaluations": {
-        "otlp": {"enabled": True, "headers": {"authorization": "Bearer s3cr3t-otlp"}},
-        "langfuse": {"enabled": True, "public_key": "pk-lf", "secret_key": "s3cr3t-lf"},
-        "phoenix": {"enabled": True, "api_key": "s3cr3t-px"},
-    }})
+    config = load_config(
+        overrides={
+            "evaluations": {
+                "otlp": {"enabled": True, "headers": {"authorization": "Bearer s3cr3t-otlp"}},
+                "langfuse": {"enabled": True, "public_key": "pk-lf", "secret_key": "s3cr3t-lf"},
+                "phoenix": {"enabled": True, "api_key": "s3cr3t-px"},
+            }
+        }
+    )
     out = build_hooks(config, CollectorRegistry())
     kinds = (OtlpEvaluationsSink, LangfuseScoresSink, PhoenixAnnotationsSink)
     for group in (out.sinks, out.components, out.health):

@@ -30,8 +30,9 @@ from tests.evaluations.api_shapes import (
 from tests.evaluations.effects import SPAN, TRACE, all_kinds
 from tests.evaluations.receivers import Receiver, json_bodies
 
-DELIVERY = DeliveryConfig(flush_seconds=0.02, timeout_seconds=1.0,
-                          retry=RetryConfig(initial_backoff_seconds=0.01, max_backoff_seconds=0.05))
+DELIVERY = DeliveryConfig(
+    flush_seconds=0.02, timeout_seconds=1.0, retry=RetryConfig(initial_backoff_seconds=0.01, max_backoff_seconds=0.05)
+)
 
 
 @pytest.fixture
@@ -59,8 +60,14 @@ def test_the_written_down_shapes_accept_the_documentations_examples() -> None:
 
 
 async def test_langfuse_scores(receiver: Receiver) -> None:
-    cfg = LangfuseEvaluationsConfig(enabled=True, url=receiver.url + "/", public_key="pk-lf-1",
-                                    secret_key="sk-lf-2", environment="production", delivery=DELIVERY)
+    cfg = LangfuseEvaluationsConfig(
+        enabled=True,
+        url=receiver.url + "/",
+        public_key="pk-lf-1",
+        secret_key="sk-lf-2",
+        environment="production",
+        delivery=DELIVERY,
+    )
     await run(LangfuseScoresSink(cfg, EvaluationMetrics(CollectorRegistry()), include_text=False))
     sent = json_bodies(receiver)
     assert len(sent) == 8 and {p for p, _, _ in sent} == {"/api/public/scores"}
@@ -109,18 +116,30 @@ async def test_phoenix_annotations(receiver: Receiver) -> None:
 async def test_langfuse_failures_retry_the_batch_and_rejections_are_counted(receiver: Receiver) -> None:
     registry = CollectorRegistry()
     receiver.plan.extend([502, 401])
-    cfg = LangfuseEvaluationsConfig(enabled=True, url=receiver.url, public_key="pk", secret_key="sk",
-                                    delivery=DELIVERY.model_copy(update={"max_batch_records": 1}))
+    cfg = LangfuseEvaluationsConfig(
+        enabled=True,
+        url=receiver.url,
+        public_key="pk",
+        secret_key="sk",
+        delivery=DELIVERY.model_copy(update={"max_batch_records": 1}),
+    )
     await run(LangfuseScoresSink(cfg, EvaluationMetrics(registry), include_text=False))
     assert receiver.answers[:2] == [502, 401]
-    assert registry.get_sample_value("sidecar_evaluation_results_failed_total",
-                                     {"sink": "langfuse", "reason": "http_401"}) == 1
+    assert (
+        registry.get_sample_value("sidecar_evaluation_results_failed_total", {"sink": "langfuse", "reason": "http_401"})
+        == 1
+    )
     assert len(json_bodies(receiver)) == 7
 
 
 async def test_langfuse_retry_resumes_at_the_failed_score(receiver: Receiver) -> None:
-    cfg = LangfuseEvaluationsConfig(enabled=True, url=receiver.url, public_key="pk", secret_key="sk",
-                                    delivery=DELIVERY.model_copy(update={"flush_seconds": 0.3}))
+    cfg = LangfuseEvaluationsConfig(
+        enabled=True,
+        url=receiver.url,
+        public_key="pk",
+        secret_key="sk",
+        delivery=DELIVERY.model_copy(update={"flush_seconds": 0.3}),
+    )
     receiver.plan.extend([200, 200, 503])
     await run(LangfuseScoresSink(cfg, EvaluationMetrics(CollectorRegistry()), include_text=False))
     ids = [b["id"] for _, _, b in json_bodies(receiver)]

@@ -36,10 +36,12 @@ async def receiver() -> AsyncIterator[OtlpReceiver]:
     await r.stop()
 
 
-async def make_sink(receiver: OtlpReceiver, registry: CollectorRegistry | None = None,
-                    **over: Any) -> OtlpEvaluationsSink:
-    cfg = OtlpEvaluationsConfig(enabled=True, endpoint=receiver.endpoint, delivery=delivery(**over),
-                                headers={"authorization": "Bearer t0k"})
+async def make_sink(
+    receiver: OtlpReceiver, registry: CollectorRegistry | None = None, **over: Any
+) -> OtlpEvaluationsSink:
+    cfg = OtlpEvaluationsConfig(
+        enabled=True, endpoint=receiver.endpoint, delivery=delivery(**over), headers={"authorization": "Bearer t0k"}
+    )
     sink = OtlpEvaluationsSink(cfg, EvaluationMetrics(registry or CollectorRegistry()), include_text=False)
     await sink.start()
     return sink

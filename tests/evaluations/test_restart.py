@@ -64,16 +64,24 @@ def records() -> list[Any]:
 
 def processor(journal: FakeJournal, sink: OtlpEvaluationsSink, commit: CommitPoint | None) -> PartitionProcessor:
     return PartitionProcessor(
-        partition=0, state_config=StateConfig(), hooks=Verdicts(), results=journal, dead_letters=journal,
-        metrics=StreamMetrics(CollectorRegistry()), recovery=journal.recovery(commit), max_record_bytes=10_000,
-        max_pending=64, stage=PostScoreStage([sink]),
+        partition=0,
+        state_config=StateConfig(),
+        hooks=Verdicts(),
+        results=journal,
+        dead_letters=journal,
+        metrics=StreamMetrics(CollectorRegistry()),
+        recovery=journal.recovery(commit),
+        max_record_bytes=10_000,
+        max_pending=64,
+        stage=PostScoreStage([sink]),
     )
 
 
 def sink_for(receiver: OtlpReceiver) -> OtlpEvaluationsSink:
     retry = RetryConfig(initial_backoff_seconds=0.01, max_backoff_seconds=0.05)
     cfg = OtlpEvaluationsConfig(
-        enabled=True, endpoint=receiver.endpoint,
+        enabled=True,
+        endpoint=receiver.endpoint,
         delivery=DeliveryConfig(flush_seconds=0.01, max_batch_records=1, timeout_seconds=1.0, retry=retry),
     )
     return OtlpEvaluationsSink(cfg, EvaluationMetrics(CollectorRegistry()), include_text=False)
@@ -107,7 +115,7 @@ async def test_restart_resends_with_the_same_ids_and_nothing_is_lost() -> None:
         sink = sink_for(receiver)
         await sink.start()
         p = processor(journal, sink, cp)
-        for r in recs[cp.offset if cp else 0:]:
+        for r in recs[cp.offset if cp else 0 :]:
             await p.process(r, 0.0)
         assert await p.drain(10)
         await sink.stop()
