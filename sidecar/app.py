@@ -106,6 +106,13 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
         out.sinks.append(store)
         out.components.append(store)
         out.health.append(store)
+    if config.evaluations.enabled:
+        from sidecar.evaluations import build_sinks as build_result_sinks
+
+        for result_sink in build_result_sinks(config.evaluations, registry):
+            out.sinks.append(result_sink)  # verdicts -> OTLP log records, Langfuse scores, Phoenix annotations
+            out.components.append(result_sink)
+            out.health.append(result_sink)
     escalations = build_escalations(config, registry, labels)
     if config.tree_view.enabled:
         from sidecar.trees.view import TreeView

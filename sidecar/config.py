@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from sidecar.alerting.config import AlertingConfig
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.errors import ConfigError
+from sidecar.evaluations.config import EvaluationsConfig
 from sidecar.judge.config import JudgeConfig
 from sidecar.scoring.config import ScoringConfig
 from sidecar.source.config import KafkaConfig
@@ -53,6 +54,7 @@ class SidecarConfig(BaseSettings):
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     tree_view: TreeViewConfig = Field(default_factory=TreeViewConfig)
     training_store: TrainingStoreConfig = Field(default_factory=TrainingStoreConfig)
+    evaluations: EvaluationsConfig = Field(default_factory=EvaluationsConfig)
 
     @model_validator(mode="after")
     def _alerts_topic_is_its_own(self) -> SidecarConfig:

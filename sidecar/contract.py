@@ -1,6 +1,6 @@
 """The hook contract: what the stream hands a hook, what a hook gives back, and what the post-score
 stage routes to its sinks. Every other module imports these types from here, and this module
-imports nothing of the sidecar but the transcript model, so imports go one way.
+imports nothing of the sidecar but the transcript model and the event types, so imports go one way.
 
 The processor calls a hook synchronously. The hook returns either the outcome itself (a
 mapping: the decision was immediate, e.g. the turn was sampled out) or an awaitable of it, which
@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
+from sidecar.events import SpanRef
 from sidecar.transcript.model import Message
 
 HookKind = Literal["user_message", "turn_closed", "conversation_ended"]
@@ -58,7 +59,8 @@ class TurnContext:
     ``conversation_ended`` the last turn (0 if the user never spoke). ``triggered_at_unix`` is the
     wall-clock time (seconds since the epoch) at which the trigger was seen: when the record was
     fetched from Kafka, or when a timer fired. Latency metrics that span processes (user message to
-    alert) start from it.
+    alert) start from it. ``span`` is the OpenTelemetry span of the last message in ``messages``
+    that carried one (events derived from traces), else None.
     """
 
     kind: HookKind
@@ -70,6 +72,7 @@ class TurnContext:
     close_reason: CloseReason | None = None
     end_reason: EndReason | None = None
     triggered_at_unix: float | None = None
+    span: SpanRef | None = None
 
     @property
     def key(self) -> tuple[str, int, HookKind]:

@@ -56,9 +56,23 @@ class _EventIn(Struct, frozen=True):
     message: _MessageIn | None = None
     agent: AgentName | None = None
     tenant: Annotated[str, Meta(max_length=128)] | None = None
+    trace_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")] | None = None
+    span_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{16}$")] | None = None
 
 
 _DECODER = msgspec.json.Decoder(_EventIn)
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRef:
+    """The OpenTelemetry span a message came from: lowercase hex ids, never all zeros.
+
+    Optional in the contract (``trace_id`` and ``span_id``, both or neither): events derived from
+    OpenTelemetry traces carry them, so results can be parented to the evaluated span.
+    """
+
+    trace_id: str
+    span_id: str
 
 
 @dataclass(slots=True)
@@ -75,6 +89,7 @@ class Event:
     message: Message | None
     agent: str | None
     tenant: str | None
+    span: SpanRef | None = None
 
 
 def _canonical_arguments(arguments: str | dict[str, Any]) -> str:
@@ -129,6 +144,9 @@ def _to_message(m: _MessageIn) -> Message:
 def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> Event:
     """Decode and validate one record. Raises :class:`DecodeError` with a stable ``reason``.
 
+    ``trace_id`` and ``span_id`` come together or not at all, and neither may be all zeros (the
+    OpenTelemetry invalid id).
+
     Reasons: ``empty``, ``oversized``, ``invalid_utf8``, ``invalid_json``, ``not_an_object``,
     ``unsupported_version``, ``schema``, ``key_mismatch``.
     """
@@ -151,6 +169,7 @@ def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> E
         raise DecodeError("schema", "message: required when type is 'message'")
     if ev.type == "conversation_end" and ev.message is not None:
         raise DecodeError("schema", "message: must be absent when type is 'conversation_end'")
+    span = _span_of(ev)
     if key is None or key != ev.conversation_id.encode("utf-8"):
         raise DecodeError("key_mismatch", "record key must equal conversation_id")
     return Event(
@@ -161,4 +180,15 @@ def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> E
         message=_to_message(ev.message) if ev.message is not None else None,
         agent=ev.agent,
         tenant=ev.tenant,
+        span=span,
     )
+
+
+def _span_of(ev: _EventIn) -> SpanRef | None:
+    if ev.trace_id is None and ev.span_id is None:
+        return None
+    if ev.trace_id is None or ev.span_id is None:
+        raise DecodeError("schema", "trace_id and span_id: both or neither")
+    if not ev.trace_id.strip("0") or not ev.span_id.strip("0"):
+        raise DecodeError("schema", "trace_id and span_id: all zeros is the invalid OpenTelemetry id")
+    return SpanRef(ev.trace_id, ev.span_id)

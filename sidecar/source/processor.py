@@ -218,6 +218,7 @@ class PartitionProcessor:
             close_reason=t.close_reason,
             end_reason=t.end_reason,
             triggered_at_unix=wall,
+            span=conv.span_before(t.message_count) if conv.spans else None,
         )
         hook = self._hook_fns.get(kind)
         if hook is None:

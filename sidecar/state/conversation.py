@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 
+from sidecar.events import SpanRef
 from sidecar.transcript.model import Message
 
 
@@ -16,7 +17,9 @@ class Conversation:
     offset at which this conversation's journaled outcomes begin (see ``sidecar.source.processor``).
     ``opened_at_unix`` is the Kafka timestamp of that first record (wall clock, durable across
     restarts: the lifetime bound must not restart with the process). ``mem_bytes`` is the
-    estimated memory its messages hold (:func:`sidecar.state.memory.message_bytes`).
+    estimated memory its messages hold (:func:`sidecar.state.memory.message_bytes`). ``spans``
+    holds, for conversations whose events carry OpenTelemetry ids, ``(message index, span)`` at
+    every change of span (None until the first one: most conversations never pay for it).
     """
 
     __slots__ = (
@@ -30,6 +33,7 @@ class Conversation:
         "mem_bytes",
         "messages",
         "opened_at_unix",
+        "spans",
         "tenant",
         "turns",
     )
@@ -58,6 +62,25 @@ class Conversation:
         self.mem_bytes = 0
         self.last_activity = now
         self.opened_at_unix = opened_at_unix
+        self.spans: list[tuple[int, SpanRef]] | None = None
+
+    def note_span(self, index: int, span: SpanRef | None) -> bool:
+        """Remember that message ``index`` came from ``span``; True when that is a new entry."""
+        if span is None:
+            return False
+        if self.spans is None:
+            self.spans = []
+        elif self.spans[-1][1] == span:
+            return False
+        self.spans.append((index, span))
+        return True
+
+    def span_before(self, message_count: int) -> SpanRef | None:
+        """The span of the last message among the first ``message_count`` that carried one."""
+        for index, span in reversed(self.spans or ()):
+            if index < message_count:
+                return span
+        return None
 
     @property
     def next_seq(self) -> int:

@@ -22,6 +22,9 @@ _PER_MESSAGE_SLOTS = 16
 CONVERSATION_OVERHEAD_BYTES = 1024
 # A finished-conversation memory entry: the id string, a dict slot and a heap tuple.
 FINISHED_ENTRY_OVERHEAD_BYTES = 160
+# One remembered OpenTelemetry span: a list slot, a 2-tuple, the SpanRef and its two hex strings
+# (89 + 73 bytes as str objects): about 300 bytes, counted only when the span changes.
+SPAN_ENTRY_BYTES = 320
 
 
 def message_bytes(m: Message) -> int:

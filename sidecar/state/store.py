@@ -34,6 +34,7 @@ from sidecar.state.conversation import Conversation
 from sidecar.state.memory import (
     CONVERSATION_OVERHEAD_BYTES,
     FINISHED_ENTRY_OVERHEAD_BYTES,
+    SPAN_ENTRY_BYTES,
     MemoryBudget,
     id_bytes,
     message_bytes,
@@ -166,6 +167,7 @@ class PartitionState:
         triggers: list[Trigger] = []
         conv.messages.append(event.message)
         conv.event_hashes.append(hash(event.event_id))
+        size += SPAN_ENTRY_BYTES * conv.note_span(len(conv.messages) - 1, event.span)
         conv.mem_bytes += size
         self._add_bytes(size)
         conv.last_activity = now

@@ -31,6 +31,8 @@ from sidecar.alerting.sinks.kafka import KafkaAlertSink
 from sidecar.alerting.sinks.mqtt import MqttAlertSink
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.live import GoalClusterer
+from sidecar.evaluations import build_sinks as build_result_sinks
+from sidecar.evaluations.config import EvaluationsConfig
 from sidecar.judge.config import JudgeConfig
 from sidecar.judge.hooks import JudgeHooks
 from sidecar.lifecycle import Component
@@ -136,6 +138,22 @@ def _training_store(tmp: Path, _env: dict[str, Any]) -> Component:
     return TrainingStoreSink(config, CollectorRegistry(), AgentLabels(), redacted=False)
 
 
+def _result_sink(which: str) -> Callable[[Path, dict[str, Any]], Component]:
+    """A results-out sink pointed at a closed port (nothing is delivered in these cases)."""
+
+    def make(_tmp: Path, _env: dict[str, Any]) -> Component:
+        url = f"http://127.0.0.1:{_closed_port()}"
+        config = EvaluationsConfig.model_validate({
+            "otlp": {"enabled": which == "otlp", "endpoint": url + "/v1/logs"},
+            "langfuse": {"enabled": which == "langfuse", "url": url, "public_key": "pk", "secret_key": "sk"},
+            "phoenix": {"enabled": which == "phoenix", "url": url},
+        })
+        (sink,) = build_result_sinks(config, CollectorRegistry())
+        return sink
+
+    return make
+
+
 def _judge(_tmp: Path, _env: dict[str, Any]) -> Component:
     return JudgeHooks(JudgeConfig(enabled=True, sample_rate=1.0), CollectorRegistry(), client=FakeChatClient())
 
@@ -172,6 +190,9 @@ CASES: dict[str, Case] = {
     "alert-sink-kafka": Case(lambda _t, _e: _kafka_alert_sink(), frozenset({"alert-sink-kafka"})),
     "escalations": Case(_escalations, frozenset({"alert-sink-kafka"})),
     "training-store": Case(_training_store),
+    "evaluations-otlp": Case(_result_sink("otlp"), frozenset({"evaluations-otlp"})),
+    "evaluations-langfuse": Case(_result_sink("langfuse"), frozenset({"evaluations-langfuse"})),
+    "evaluations-phoenix": Case(_result_sink("phoenix"), frozenset({"evaluations-phoenix"})),
     "judge-hooks": Case(_judge),
     "http-server": Case(_http),
     "kafka-source": Case(_source, run=_source_run),

@@ -47,6 +47,8 @@ VALID = [
     ev(message={"role": "tool", "content": "{}", "name": "find"}),
     ev(type="conversation_end", message=..., seq=7),
     ev(extra_field={"anything": True}),
+    ev(trace_id="4bf92f3577b34da6a3ce929d0e0e4736", span_id="00f067aa0ba902b7"),
+    ev(trace_id=None, span_id=None),
 ]
 
 INVALID = [
@@ -68,7 +70,20 @@ INVALID = [
     (ev(agent="bad agent name with spaces"), "schema"),
     (ev(agent="a" * 65), "schema"),
     (ev(v=2), "unsupported_version"),
+    (ev(trace_id="4bf92f3577b34da6a3ce929d0e0e4736"), "schema"),
+    (ev(span_id="00f067aa0ba902b7"), "schema"),
+    (ev(trace_id="4BF92F3577B34DA6A3CE929D0E0E4736", span_id="00f067aa0ba902b7"), "schema"),
+    (ev(trace_id="4bf92f3577b34da6a3ce929d0e0e4736", span_id="00f067aa0ba902b70"), "schema"),
+    (ev(trace_id="0" * 32, span_id="00f067aa0ba902b7"), "schema"),
+    (ev(trace_id="4bf92f3577b34da6a3ce929d0e0e4736", span_id="0" * 16), "schema"),
 ]
+
+
+def test_span_ids_are_optional_and_kept() -> None:
+    assert decode(ev()).span is None
+    e = decode(ev(trace_id="4bf92f3577b34da6a3ce929d0e0e4736", span_id="00f067aa0ba902b7"))
+    assert e.span is not None
+    assert (e.span.trace_id, e.span.span_id) == ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
 
 
 @pytest.mark.parametrize("obj", VALID)

@@ -98,6 +98,10 @@ app.kubernetes.io/component: vllm
 {{- if $s.alertingMqttPassword }}{{ $_ := set $env "SIDECAR_ALERTING__SINKS__MQTT__PASSWORD" $s.alertingMqttPassword }}{{ end -}}
 {{- if $s.alertingWebhookSecret }}{{ $_ := set $env "SIDECAR_ALERTING__SINKS__WEBHOOK__SECRET" $s.alertingWebhookSecret }}{{ end -}}
 {{- if $s.alertingAlertmanagerBearerToken }}{{ $_ := set $env "SIDECAR_ALERTING__SINKS__ALERTMANAGER__BEARER_TOKEN" $s.alertingAlertmanagerBearerToken }}{{ end -}}
+{{- if $s.evaluationsOtlpHeaders }}{{ $_ := set $env "SIDECAR_EVALUATIONS__OTLP__HEADERS" (toJson $s.evaluationsOtlpHeaders) }}{{ end -}}
+{{- if $s.evaluationsLangfusePublicKey }}{{ $_ := set $env "SIDECAR_EVALUATIONS__LANGFUSE__PUBLIC_KEY" $s.evaluationsLangfusePublicKey }}{{ end -}}
+{{- if $s.evaluationsLangfuseSecretKey }}{{ $_ := set $env "SIDECAR_EVALUATIONS__LANGFUSE__SECRET_KEY" $s.evaluationsLangfuseSecretKey }}{{ end -}}
+{{- if $s.evaluationsPhoenixApiKey }}{{ $_ := set $env "SIDECAR_EVALUATIONS__PHOENIX__API_KEY" $s.evaluationsPhoenixApiKey }}{{ end -}}
 {{- range $k, $v := $s.extraEnv }}{{ $_ := set $env $k $v }}{{ end -}}
 {{- toJson $env -}}
 {{- end -}}
