@@ -38,7 +38,7 @@ from sidecar.scoring.config import AgentConfig, ScoringConfig
 from sidecar.scoring.metrics import ScoringMetrics
 from sidecar.scoring.prompts import PromptTooLong
 from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
-from sidecar.scoring.scorers import Scorers
+from sidecar.scoring.scorers import Scorers, failure_reason
 from sidecar.scoring.trust import AdapterTrust
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message, prefix_through_turn
@@ -164,7 +164,7 @@ class ScoringHooks:
             async with slots:
                 return await work()
         except (PromptTooLong, UnsafeContentError, PermanentError) as exc:
-            reason = _reason(exc)
+            reason = failure_reason(exc)
             self.metrics.errors.labels(label, kind, reason).inc()
             log.warning("score.failed", kind=kind, agent=label, reason=reason)
             return {"error": reason}
@@ -305,12 +305,3 @@ class ScoringHooks:
             return Scored(out, [self.scorers.tree_scored(tree, request.model, text)])
 
         return self._guard("tree", label, work)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, PromptTooLong):
-        return "prompt_too_long"
-    if isinstance(exc, UnsafeContentError):
-        return "unsafe_content"
-    reason = getattr(exc, "reason", None)
-    return reason if isinstance(reason, str) else type(exc).__name__

@@ -33,11 +33,11 @@ from sidecar.lifecycle import Health
 from sidecar.scoring.client import LLMClient, VllmClient
 from sidecar.scoring.completion import CompletionScore, CompletionScorer
 from sidecar.scoring.config import ScoringConfig
-from sidecar.scoring.prompts import PromptBuilder
+from sidecar.scoring.prompts import PromptBuilder, PromptTooLong
 from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander, branch_views, most_probable_text, tree_event
 from sidecar.scoring.trust import AdapterTrust
 from sidecar.transcript.model import Message
-from sidecar.transcript.tokenize import SafeTokenizer
+from sidecar.transcript.tokenize import SafeTokenizer, UnsafeContentError
 
 T = TypeVar("T")
 TrustGauge = Callable[[str, float], None]
@@ -252,3 +252,13 @@ def _end_tag_id(tokenizer: SafeTokenizer, end_tag: str, config: ScoringConfig) -
                 "to completion adapters (set scoring.completion.end_tag to the adapters' end token)"
             ) from None
         return None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The closed-set reason a scoring failure is counted and reported under."""
+    if isinstance(exc, PromptTooLong):
+        return "prompt_too_long"
+    if isinstance(exc, UnsafeContentError):
+        return "unsafe_content"
+    reason = getattr(exc, "reason", None)
+    return reason if isinstance(reason, str) else type(exc).__name__

@@ -41,6 +41,7 @@ from sidecar.errors import ConfigError, PermanentError, RetryableError, SidecarE
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.prompts import PromptTooLong
 from sidecar.scoring.schedule import until_available
+from sidecar.scoring.scorers import failure_reason
 from sidecar.tools.eval.dataset import EvalConversation
 from sidecar.transcript.model import Message, prefix_through_turn
 from sidecar.transcript.tokenize import UnsafeContentError
@@ -149,13 +150,6 @@ async def check_server(config: ScoringConfig) -> None:
         raise EvalError(f"vLLM at {config.vllm.base_url} does not serve {missing} (it serves {sorted(served)})")
 
 
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, PromptTooLong):
-        return "prompt_too_long"
-    if isinstance(exc, UnsafeContentError):
-        return "unsafe_content"
-    reason = getattr(exc, "reason", None)
-    return reason if isinstance(reason, str) else type(exc).__name__
 
 
 class ConversationScorer:
@@ -190,7 +184,7 @@ class ConversationScorer:
             request = await self.scorers.completion_request(messages, None)
             score = await self._until_available(request.score)
         except (PromptTooLong, UnsafeContentError, PermanentError) as exc:
-            return {"error": _reason(exc)}
+            return {"error": failure_reason(exc)}
         out = score.outcome(include_text=False)  # rounded as the live outcome is
         return {"p_end": out["p_end"], "complete": out["complete"], "method": out["p_end_method"],
                 "variant": out["variant"]}
@@ -208,7 +202,7 @@ class ConversationScorer:
             request = await self.scorers.tree_request(messages, self.tree_model)
             tree = await self._until_available(request.expand)
         except (PromptTooLong, UnsafeContentError, PermanentError) as exc:
-            return {**base, "error": _reason(exc)}
+            return {**base, "error": failure_reason(exc)}
         event = self.scorers.tree_scored(tree, request.model, self.scorers.best_branch_text(tree))
         return {
             **base,
