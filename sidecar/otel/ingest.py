@@ -144,9 +144,9 @@ class OtelIngest:
     def refuse_payload(self, door: str, reason: str) -> None:
         self._metrics.refused.labels(door, reason).inc()
 
-    def chat_spans(self, data: TracesData, door: str, refused: Counter[str] | None = None) -> list[ChatSpan]:
-        """The payload's chat spans with their conversations, oldest first; refusals counted."""
-        refused = refused if refused is not None else Counter()
+    def chat_spans(self, data: TracesData, refused: Counter[str]) -> tuple[list[ChatSpan], int]:
+        """The payload's chat spans with their conversations, oldest first, and how many spans were
+        not model calls; refusals are added to ``refused`` (nothing is counted in metrics here)."""
         traces: dict[bytes, _Trace] = {}
         candidates: list[tuple[Span, Attributes]] = []
         for rs in data.resource_spans:
@@ -167,9 +167,8 @@ class OtelIngest:
                 ignored += 1
             else:
                 out.append(chat)
-        self._count(door, len(out), ignored, refused)
         out.sort(key=lambda c: (c.start_ns, c.end_ns))
-        return out
+        return out, ignored
 
     def _chat_span(self, span: Span, attrs: Attributes, trace: _Trace) -> ChatSpan | None:
         history = read_history(attrs, self._limits)
@@ -201,16 +200,16 @@ class OtelIngest:
     def derive(self, data: TracesData, door: str) -> Derived:
         """The records a payload yields (the tracker's state moves on at once: see :meth:`forget`)."""
         out = Derived()
-        chats = self.chat_spans(data, door, out.refused)
-        out.chat_spans = len(chats)
+        chats, ignored = self.chat_spans(data, out.refused)
         for chat in chats:
             try:
                 out.records.extend(self._events(chat))
             except OtelRefused as exc:
                 out.refused[exc.reason] += 1
-                self._metrics.refused.labels(door, exc.reason).inc()
                 continue
             out.conversations.add(chat.conversation_id)
+            out.chat_spans += 1
+        self._count(door, out.chat_spans, ignored, out.refused)
         self._metrics.conversations.set(len(self.tracker))
         self._metrics.state_bytes.set(self.tracker.state_bytes)
         return out
