@@ -66,7 +66,8 @@ class OtlpHttpReceiver:
             return
         app = web.Application(client_max_size=self._cfg.max_body_bytes)
         app.router.add_post(PATH, self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # The body is decompressed here, under max_decompressed_bytes, not by the HTTP parser.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
         await runner.setup()
         site = web.TCPSite(runner, self._cfg.host, self._cfg.port, reuse_address=True)
         try:
