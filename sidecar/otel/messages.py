@@ -12,10 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from sidecar.otel.errors import OtelRefused
 from sidecar.transcript.model import ROLES, Role
 
 DIGEST_BYTES = 16
+_CANONICAL = msgspec.json.Encoder(order="sorted")
 
 # Roles some dialects use for what the contract calls system/user/assistant/tool.
 _ROLE_ALIASES: dict[str, Role] = {
@@ -57,9 +60,15 @@ class OtelMessage:
         return out
 
     def digest(self) -> bytes:
-        """16 bytes identifying the message's content (role, text, name, tool calls)."""
-        canonical = json.dumps(self.contract(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=DIGEST_BYTES).digest()
+        """16 bytes identifying the message's content (role, text, name, tool calls).
+
+        Raises :class:`OtelRefused` (``malformed_messages``) for text that is not valid Unicode (a
+        lone surrogate, which JSON escapes can spell): it could not be written as an event either."""
+        try:
+            canonical = _CANONICAL.encode(self.contract())
+        except UnicodeEncodeError:
+            raise OtelRefused("malformed_messages", "text with a lone surrogate") from None
+        return hashlib.blake2b(canonical, digest_size=DIGEST_BYTES).digest()
 
 
 def role_of(value: object) -> Role:

@@ -155,3 +155,9 @@ def test_any_json_in_the_message_attributes_is_handled(ingest: OtelIngest, messa
     attrs = GOOD | {"gen_ai.input.messages": json.dumps(messages), "gen_ai.output.messages": json.dumps(messages)}
     for _k, v in run(ingest, attrs):
         assert v  # whatever came out passed the sidecar's own decoder (checked inside derive)
+
+
+def test_a_lone_surrogate_is_refused_not_raised(ingest: OtelIngest, registry: CollectorRegistry) -> None:
+    inputs = '[{"role": "user", "parts": [{"type": "text", "content": "a\\ud800b"}]}]'
+    assert run(ingest, GOOD | {"gen_ai.input.messages": inputs}) == []
+    assert refused(registry, "malformed_messages") == 1
