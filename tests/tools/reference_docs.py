@@ -33,6 +33,7 @@ METRIC_CLASSES = [
     "sidecar.judge.metrics:JudgeMetrics",
     "sidecar.telemetry.loop_lag:LoopLagMonitor",
     "sidecar.training_store.sink:TrainingStoreMetrics",
+    "sidecar.otel.metrics:OtelMetrics",
 ]
 
 
