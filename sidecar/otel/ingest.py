@@ -33,7 +33,12 @@ from sidecar.otel.metrics import OtelMetrics
 log = structlog.get_logger(__name__)
 
 #: Where a conversation id is looked for, first match wins.
-CONVERSATION_KEYS = ("gen_ai.conversation.id", "session.id", "langfuse.session.id")
+CONVERSATION_KEYS = (
+    "gen_ai.conversation.id",
+    "session.id",  # OpenInference
+    "langfuse.session.id",
+    "traceloop.association.properties.session_id",  # OpenLLMetry's association properties
+)
 AGENT_KEYS = ("gen_ai.agent.name", "agent.name")
 # How far up the parent chain an id is looked for (a chat span is rarely more than a few levels
 # below its invoke_agent span; the bound keeps a cyclic or hostile parent chain cheap).
@@ -180,7 +185,7 @@ class OtelIngest:
             raise OtelRefused("content_missing", "a model call with an empty history")
         conversation = _first(attrs, CONVERSATION_KEYS) or trace.lookup(span, CONVERSATION_KEYS, trace.conversation)
         if conversation is None:
-            raise OtelRefused("no_conversation_id", "no gen_ai.conversation.id, session.id or langfuse.session.id")
+            raise OtelRefused("no_conversation_id", "none of " + ", ".join(CONVERSATION_KEYS))
         agent = _first(attrs, AGENT_KEYS) or trace.lookup(span, AGENT_KEYS, trace.agent)
         return ChatSpan(
             check_conversation_id(conversation), agent_label(agent), history,

@@ -136,7 +136,8 @@ def openinference_attrs(history: Sequence[Msg]) -> dict[str, Any]:
 def chat_attrs(dialect: str, history: Sequence[Msg], conversation_id: str | None) -> dict[str, Any]:
     attrs = {"genai": genai_attrs, "genai_old": genai_old_attrs, "openinference": openinference_attrs}[dialect](history)
     if conversation_id is not None:
-        key = {"genai": "gen_ai.conversation.id", "genai_old": "langfuse.session.id", "openinference": "session.id"}
+        key = {"genai": "gen_ai.conversation.id", "genai_old": "traceloop.association.properties.session_id",
+               "openinference": "session.id"}
         attrs[key[dialect]] = conversation_id
     return attrs
 

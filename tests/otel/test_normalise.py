@@ -125,3 +125,9 @@ def test_one_record_many_conversations_keeps_each_in_order(ingest: OtelIngest) -
     logs = dedup(decoded(derive(ingest, encode(traces(spans), "otlp_json"))))
     for cid, history in histories.items():
         assert [e.message for e in logs[cid]] == [e.message for e in native_events(cid, history)]
+
+
+def test_langfuse_session_id(ingest: OtelIngest) -> None:
+    attrs = chat_attrs("genai_old", conversation(1), None) | {"langfuse.session.id": "lf-1"}
+    events = decoded(derive(ingest, encode(traces([make_span(attrs)]), "otlp_proto")))
+    assert {e.conversation_id for e in events} == {"lf-1"}
