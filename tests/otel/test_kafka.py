@@ -178,6 +178,8 @@ async def test_bridge_restart_and_resent_data_equal_the_ground_truth(kafka: str)
         await bridge.stop()
         await producer.stop()
 
+    inputs = await read_topic(kafka, otlp, idle_seconds=0.5)
+    assert len({r.partition for r in inputs if r.key is not None}) > 1  # traces keyed by id: spread out
     produced = await read_topic(kafka, events, idle_seconds=0.5)
     assert len({r.partition for r in produced}) > 1
     for r in produced:
