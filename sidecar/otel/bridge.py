@@ -118,7 +118,7 @@ class OtlpKafkaBridge:
         for rec in records:
             try:
                 value = rec.value or b""
-                encoding: Encoding = sniff(value) if self._cfg.encoding == "auto" else self._cfg.encoding  # type: ignore[assignment]
+                encoding: Encoding = sniff(value) if self._cfg.encoding == "auto" else self._cfg.encoding
                 data = decode_traces(value, encoding, max_bytes=self._cfg.max_record_bytes)
             except OtelRefused as exc:
                 self._ingest.refuse_payload(DOOR, exc.reason)

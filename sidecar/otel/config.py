@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
@@ -40,8 +42,8 @@ class OtlpKafkaBridgeConfig(_Frozen):
     enabled: bool = Field(False, description="Run the OTLP-on-Kafka bridge.")
     topic: str = Field("otlp_spans", min_length=1, max_length=249, description="The Collector's traces topic.")
     group_id: str = Field("llm-agent-sidecar-otel", min_length=1, max_length=255, description="Consumer group.")
-    encoding: str = Field(
-        "auto", pattern="^(auto|otlp_proto|otlp_json)$",
+    encoding: Literal["auto", "otlp_proto", "otlp_json"] = Field(
+        "auto",
         description="The exporter's encoding; 'auto' tells them apart per record (JSON starts with '{').",
     )
     dead_letter_topic: str = Field(
