@@ -98,6 +98,7 @@ app.kubernetes.io/component: vllm
 {{- if $s.alertingMqttPassword }}{{ $_ := set $env "SIDECAR_ALERTING__SINKS__MQTT__PASSWORD" $s.alertingMqttPassword }}{{ end -}}
 {{- if $s.alertingWebhookSecret }}{{ $_ := set $env "SIDECAR_ALERTING__SINKS__WEBHOOK__SECRET" $s.alertingWebhookSecret }}{{ end -}}
 {{- if $s.alertingAlertmanagerBearerToken }}{{ $_ := set $env "SIDECAR_ALERTING__SINKS__ALERTMANAGER__BEARER_TOKEN" $s.alertingAlertmanagerBearerToken }}{{ end -}}
+{{- if $s.otelReceiverBearerToken }}{{ $_ := set $env "SIDECAR_OTEL__RECEIVER__BEARER_TOKEN" $s.otelReceiverBearerToken }}{{ end -}}
 {{- range $k, $v := $s.extraEnv }}{{ $_ := set $env $k $v }}{{ end -}}
 {{- toJson $env -}}
 {{- end -}}
