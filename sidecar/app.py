@@ -153,6 +153,13 @@ async def run_app(
     assembly = build_hooks(config, registry)
     if hooks is not None:
         assembly.hooks = hooks
+    if config.otel.enabled:
+        from sidecar.otel import build_doors
+
+        # The OTLP doors write the events topic the source reads; they start before it.
+        doors = build_doors(config.otel, config.kafka, registry)
+        assembly.components.extend(doors.components)
+        assembly.health.extend(doors.health)
     stage = PostScoreStage(assembly.sinks, on_sink_error=lambda name: metrics.sink_errors.labels(name).inc())
     source = KafkaEventSource(config.kafka, config.state, assembly.hooks, metrics, stage)
     stop = stop or asyncio.Event()

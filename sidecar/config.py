@@ -21,6 +21,7 @@ from sidecar.clustering.config import ClusteringConfig
 from sidecar.errors import ConfigError
 from sidecar.evaluations.config import EvaluationsConfig
 from sidecar.judge.config import JudgeConfig
+from sidecar.otel.config import OtelConfig
 from sidecar.scoring.config import ScoringConfig
 from sidecar.source.config import KafkaConfig
 from sidecar.state.config import StateConfig
@@ -55,6 +56,7 @@ class SidecarConfig(BaseSettings):
     tree_view: TreeViewConfig = Field(default_factory=TreeViewConfig)
     training_store: TrainingStoreConfig = Field(default_factory=TrainingStoreConfig)
     evaluations: EvaluationsConfig = Field(default_factory=EvaluationsConfig)
+    otel: OtelConfig = Field(default_factory=OtelConfig)
 
     @model_validator(mode="after")
     def _alerts_topic_is_its_own(self) -> SidecarConfig:
@@ -62,6 +64,8 @@ class SidecarConfig(BaseSettings):
         taken = {self.kafka.topic, self.kafka.results_topic, self.kafka.dead_letter_topic}
         if sink.enabled and sink.topic in taken:
             raise ValueError("alerting.sinks.kafka.topic must differ from the source, results and dead-letter topics")
+        if self.otel.bridge.enabled and self.otel.bridge.topic in taken:
+            raise ValueError("otel.bridge.topic must differ from the source, results and dead-letter topics")
         return self
 
     @classmethod

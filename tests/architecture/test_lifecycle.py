@@ -178,6 +178,25 @@ def _source(_tmp: Path, env: dict[str, Any]) -> Component:
     return KafkaEventSource(kafka, StateConfig(), RecordingHooks(), StreamMetrics(registry), PostScoreStage([]))
 
 
+def _otel(bridge: bool, env: dict[str, Any]) -> Component:
+    from sidecar.otel.bridge import OtlpKafkaBridge
+    from sidecar.otel.config import OtelConfig, OtlpKafkaBridgeConfig, OtlpReceiverConfig
+    from sidecar.otel.ingest import OtelIngest
+    from sidecar.otel.metrics import OtelMetrics
+    from sidecar.otel.producer import OtelEventProducer
+    from sidecar.otel.receiver import OtlpHttpReceiver
+
+    kafka = KafkaConfig(bootstrap_servers=env.get("kafka", f"127.0.0.1:{_closed_port()}"), topic="otel-lifecycle")
+    metrics = OtelMetrics(CollectorRegistry())
+    ingest = OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20)
+    producer = OtelEventProducer(kafka)
+    if bridge:
+        cfg = OtlpKafkaBridgeConfig(enabled=True, topic="otel-lifecycle-otlp", group_id="g-otel-lifecycle")
+        return OtlpKafkaBridge(cfg, kafka, ingest, producer, metrics)
+    return OtlpHttpReceiver(OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0), ingest, producer, metrics,
+                            events_topic=kafka.topic)
+
+
 async def _source_run(source: Any) -> None:
     await cast("KafkaEventSource", source).run()
 
@@ -196,6 +215,8 @@ CASES: dict[str, Case] = {
     "judge-hooks": Case(_judge),
     "http-server": Case(_http),
     "kafka-source": Case(_source, run=_source_run),
+    "otel-receiver": Case(lambda _t, e: _otel(False, e)),
+    "otel-bridge": Case(lambda _t, e: _otel(True, e), frozenset({"otel-bridge"})),
 }
 
 
@@ -219,7 +240,7 @@ def env(request: pytest.FixtureRequest) -> dict[str, Any]:
     """What a case needs built once per module: a broker for the source, a tokenizer for scoring
     (only the cases that need one start it)."""
     name = request.node.callspec.params.get("name")
-    if name == "kafka-source":
+    if name in ("kafka-source", "otel-bridge"):
         return {"kafka": request.getfixturevalue("kafka")}
     if name == "scoring-hooks":
         return {"tok": request.getfixturevalue("tok_dir")}

@@ -34,6 +34,7 @@ METRIC_CLASSES = [
     "sidecar.telemetry.loop_lag:LoopLagMonitor",
     "sidecar.training_store.sink:TrainingStoreMetrics",
     "sidecar.evaluations.metrics:EvaluationMetrics",
+    "sidecar.otel.metrics:OtelMetrics",
 ]
 
 

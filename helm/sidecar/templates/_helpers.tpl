@@ -102,6 +102,7 @@ app.kubernetes.io/component: vllm
 {{- if $s.evaluationsLangfusePublicKey }}{{ $_ := set $env "SIDECAR_EVALUATIONS__LANGFUSE__PUBLIC_KEY" $s.evaluationsLangfusePublicKey }}{{ end -}}
 {{- if $s.evaluationsLangfuseSecretKey }}{{ $_ := set $env "SIDECAR_EVALUATIONS__LANGFUSE__SECRET_KEY" $s.evaluationsLangfuseSecretKey }}{{ end -}}
 {{- if $s.evaluationsPhoenixApiKey }}{{ $_ := set $env "SIDECAR_EVALUATIONS__PHOENIX__API_KEY" $s.evaluationsPhoenixApiKey }}{{ end -}}
+{{- if $s.otelReceiverBearerToken }}{{ $_ := set $env "SIDECAR_OTEL__RECEIVER__BEARER_TOKEN" $s.otelReceiverBearerToken }}{{ end -}}
 {{- range $k, $v := $s.extraEnv }}{{ $_ := set $env $k $v }}{{ end -}}
 {{- toJson $env -}}
 {{- end -}}

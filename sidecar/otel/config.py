@@ -1,0 +1,103 @@
+"""``otel.*`` settings: the OpenTelemetry ingest doors (OTLP/HTTP receiver, OTLP-on-Kafka bridge)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class OtlpReceiverConfig(_Frozen):
+    """``POST /v1/traces`` (OTLP/HTTP, protobuf or JSON, optionally gzip)."""
+
+    enabled: bool = Field(False, description="Serve the OTLP/HTTP receiver.")
+    host: str = Field("0.0.0.0", description="Address to bind.")  # noqa: S104 - a sidecar serves its pod
+    port: int = Field(4318, ge=0, le=65535, description="Port (4318 is OTLP/HTTP's); 0 picks a free one.")
+    max_body_bytes: int = Field(
+        4 * 1_048_576, ge=1024, le=256 * 1_048_576,
+        description="Largest request body as sent (compressed); larger ones get 413 before decoding.",
+    )
+    max_decompressed_bytes: int = Field(
+        16 * 1_048_576, ge=1024, le=1024 * 1_048_576,
+        description="Largest body after gzip decompression; a larger one gets 413 (a gzip bomb stops here).",
+    )
+    bearer_token: SecretStr | None = Field(
+        None, description="When set, requests must carry 'Authorization: Bearer <token>' (else 401). "
+        "Set it from a secret with SIDECAR_OTEL__RECEIVER__BEARER_TOKEN.",
+    )
+    produce_timeout_seconds: float = Field(
+        10.0, gt=0, le=300,
+        description="How long a request waits for Kafka to acknowledge its events before answering 503.",
+    )
+    retry_after_seconds: int = Field(5, ge=1, le=3600, description="Retry-After of a 503 answer.")
+
+
+class OtlpKafkaBridgeConfig(_Frozen):
+    """A consumer of the topic the Collector's ``kafka`` exporter writes."""
+
+    enabled: bool = Field(False, description="Run the OTLP-on-Kafka bridge.")
+    topic: str = Field("otlp_spans", min_length=1, max_length=249, description="The Collector's traces topic.")
+    group_id: str = Field("llm-agent-sidecar-otel", min_length=1, max_length=255, description="Consumer group.")
+    encoding: Literal["auto", "otlp_proto", "otlp_json"] = Field(
+        "auto",
+        description="The exporter's encoding; 'auto' tells them apart per record (JSON starts with '{').",
+    )
+    dead_letter_topic: str = Field(
+        "otlp_spans.dlq", min_length=1, max_length=249,
+        description="Records that cannot be decoded at all are copied here with the reason in headers.",
+    )
+    fetch_max_records: int = Field(200, ge=1, le=10_000, description="Records per poll (one produce+commit step).")
+    max_record_bytes: int = Field(
+        16 * 1_048_576, ge=1024, le=1024 * 1_048_576, description="Larger records are dead-lettered (oversized)."
+    )
+
+
+class OtelLimitsConfig(_Frozen):
+    """What one span may hold before it is refused, whichever door it came through."""
+
+    max_attribute_bytes: int = Field(
+        4 * 1_048_576, ge=1024, description="A message attribute (a JSON text) longer than this: oversized_attribute."
+    )
+    max_json_depth: int = Field(32, ge=4, le=1000, description="Deeper JSON in an attribute: too_deep.")
+    max_messages_per_span: int = Field(
+        2_000, ge=2, le=1_000_000, description="A span whose history is longer: too_many_messages."
+    )
+
+
+class OtelHistoryConfig(_Frozen):
+    """The per-conversation memory of what has already become events (see docs/opentelemetry.md)."""
+
+    max_conversations: int = Field(
+        100_000, ge=1, description="Conversations remembered; the least recently seen is forgotten first."
+    )
+    max_state_bytes: int = Field(
+        64 * 1_048_576, ge=1_048_576,
+        description="Bound on the memory the remembered histories take (16 bytes per message plus about "
+        "200 per conversation); over it, the least recently seen conversation is forgotten.",
+    )
+    idle_ttl_seconds: float = Field(
+        6 * 3600.0, gt=0, description="A conversation not seen for this long is forgotten."
+    )
+
+
+class OtelConfig(_Frozen):
+    """The OpenTelemetry ingest: spans in, contract-v1 events out to ``kafka.topic``. Off by default."""
+
+    receiver: OtlpReceiverConfig = Field(default_factory=OtlpReceiverConfig)
+    bridge: OtlpKafkaBridgeConfig = Field(default_factory=OtlpKafkaBridgeConfig)
+    limits: OtelLimitsConfig = Field(default_factory=OtelLimitsConfig)
+    history: OtelHistoryConfig = Field(default_factory=OtelHistoryConfig)
+
+    @property
+    def enabled(self) -> bool:
+        return self.receiver.enabled or self.bridge.enabled
+
+    @model_validator(mode="after")
+    def _bridge_topics_differ(self) -> OtelConfig:
+        if self.bridge.topic == self.bridge.dead_letter_topic:
+            raise ValueError("otel.bridge.dead_letter_topic must differ from otel.bridge.topic")
+        return self

@@ -1,0 +1,55 @@
+"""Metrics of the OpenTelemetry ingest (``sidecar_otel_*``; see docs/metrics.md). Labels are closed
+sets: the door (``receiver``, ``bridge``), an outcome, a refusal reason from
+:data:`sidecar.otel.errors.REASONS`, an HTTP status code. Never a conversation id."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class OtelMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.spans = Counter(
+            "sidecar_otel_spans_total",
+            "Spans read, by door and outcome (normalised: a chat span with its messages; ignored: not a "
+            "model call; refused: see sidecar_otel_refused_total).",
+            ["door", "outcome"], registry=registry,
+        )
+        self.refused = Counter(
+            "sidecar_otel_refused_total",
+            "Payloads or spans that did not become events, by door and reason.",
+            ["door", "reason"], registry=registry,
+        )
+        self.events = Counter(
+            "sidecar_otel_events_produced_total",
+            "Contract-v1 events derived from spans and acknowledged by Kafka, by door.",
+            ["door"], registry=registry,
+        )
+        self.histories = Counter(
+            "sidecar_otel_histories_total",
+            "Chat span histories by how they relate to what was seen of the conversation "
+            "(new, extends, stale, rewritten).",
+            ["kind"], registry=registry,
+        )
+        self.conversations = Gauge(
+            "sidecar_otel_history_conversations", "Conversations whose history the ingest remembers.",
+            registry=registry,
+        )
+        self.state_bytes = Gauge(
+            "sidecar_otel_history_state_bytes", "Memory taken by the remembered histories (estimate).",
+            registry=registry,
+        )
+        self.requests = Counter(
+            "sidecar_otel_receiver_requests_total", "OTLP/HTTP export requests answered, by status code.",
+            ["code"], registry=registry,
+        )
+        self.bridge_records = Counter(
+            "sidecar_otel_bridge_records_total",
+            "Records taken from the OTLP topic, by outcome (processed, dead_lettered).",
+            ["outcome"], registry=registry,
+        )
+        self.produce_errors = Counter(
+            "sidecar_otel_produce_errors_total",
+            "Failed attempts to get derived events acknowledged by Kafka, by door.",
+            ["door"], registry=registry,
+        )

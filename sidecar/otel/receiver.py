@@ -1,0 +1,153 @@
+"""Door one: an OTLP/HTTP receiver, ``POST /v1/traces``.
+
+A request is answered 200 only once every event derived from it is acknowledged by Kafka
+(``acks=all``); until then the exporter holds the batch, so its own retry is the delivery guarantee.
+Answers (OTLP/HTTP's own rules: 4xx are not retried by exporters, 503 is, after ``Retry-After``):
+
+* 200 with an ``ExportTraceServiceResponse``; refused spans are reported in ``partial_success``;
+* 400 a payload that cannot be decoded, 401 a missing or wrong bearer token, 413 a body over
+  ``max_body_bytes`` (as sent) or ``max_decompressed_bytes`` (after gzip), 415 another content type
+  or encoding;
+* 503 with ``Retry-After`` when Kafka does not acknowledge in ``produce_timeout_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Final
+
+import structlog
+from aiohttp import web
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from sidecar.lifecycle import Health
+from sidecar.otel.config import OtlpReceiverConfig
+from sidecar.otel.decode import Encoding, decode_traces, gunzip
+from sidecar.otel.errors import OtelRefused
+from sidecar.otel.ingest import OtelIngest
+from sidecar.otel.metrics import OtelMetrics
+from sidecar.otel.producer import KafkaUnavailable, OtelEventProducer
+
+log = structlog.get_logger(__name__)
+
+DOOR: Final = "receiver"
+PATH: Final = "/v1/traces"
+_CONTENT_TYPES: dict[str, Encoding] = {"application/x-protobuf": "otlp_proto", "application/json": "otlp_json"}
+
+
+class OtlpHttpReceiver:
+    """The receiver as a component: ``start()`` binds, ``stop()`` closes (idempotent)."""
+
+    def __init__(
+        self, config: OtlpReceiverConfig, ingest: OtelIngest, producer: OtelEventProducer,
+        metrics: OtelMetrics, *, events_topic: str,
+    ) -> None:
+        self._cfg = config
+        self._ingest = ingest
+        self._producer = producer
+        self._metrics = metrics
+        self._topic = events_topic
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+        # One request derives and produces at a time: the tracker's state then always describes
+        # what was acknowledged or forgotten, and per-conversation order is kept on the events topic.
+        self._serial = asyncio.Lock()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("OtlpHttpReceiver is not started")
+        return self._port
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        app = web.Application(client_max_size=self._cfg.max_body_bytes)
+        app.router.add_post(PATH, self._handle)
+        # The body is decompressed here, under max_decompressed_bytes, not by the HTTP parser.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._cfg.host, self._cfg.port, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])  # the real port when 0 was asked for
+        log.info("otel.receiver_started", host=self._cfg.host, port=self._port)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        self._port = None
+        if runner is not None:
+            await runner.cleanup()
+            log.info("otel.receiver_stopped")
+
+    def health(self) -> Health:
+        return Health("otel-receiver", self._runner is not None, "listening" if self._runner else "not started")
+
+    def _answer(self, code: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
+        self._metrics.requests.labels(str(code)).inc()
+        return web.Response(status=code, text=text, headers=headers)
+
+    def _refused(self, code: int, reason: str, detail: str) -> web.Response:
+        self._ingest.refuse_payload(DOOR, reason)
+        return self._answer(code, f"{reason}: {detail}")
+
+    async def _handle(self, request: web.Request) -> web.Response:  # noqa: PLR0911 - one return per answer
+        token = self._cfg.bearer_token
+        if token is not None:
+            given = request.headers.get("Authorization", "")
+            expected = f"Bearer {token.get_secret_value()}"
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                return self._answer(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        encoding = _CONTENT_TYPES.get(request.content_type)
+        if encoding is None:
+            return self._refused(415, "unsupported_content_type", "use application/x-protobuf or application/json")
+        compression = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if compression not in ("identity", "gzip", ""):
+            return self._refused(415, "unsupported_content_type", "Content-Encoding must be gzip or none")
+        if request.content_length is not None and request.content_length > self._cfg.max_body_bytes:
+            return self._refused(413, "oversized", f"body over {self._cfg.max_body_bytes} bytes")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refused(413, "oversized", f"body over {self._cfg.max_body_bytes} bytes")
+        try:
+            if compression == "gzip":
+                body = gunzip(body, max_bytes=self._cfg.max_decompressed_bytes)
+            data = decode_traces(body, encoding, max_bytes=self._cfg.max_decompressed_bytes)
+        except OtelRefused as exc:
+            return self._refused(413 if exc.reason == "oversized" else 400, exc.reason, exc.detail)
+        async with self._serial:
+            derived = self._ingest.derive(data, DOOR)
+            try:
+                await self._producer.produce(
+                    self._topic, derived.records, timeout_seconds=self._cfg.produce_timeout_seconds
+                )
+            except KafkaUnavailable as exc:
+                self._ingest.forget(derived.conversations)
+                self._metrics.produce_errors.labels(DOOR).inc()
+                log.warning("otel.produce_failed", door=DOOR, error=str(exc), events=len(derived.records))
+                return self._answer(
+                    503, "events not acknowledged by Kafka", {"Retry-After": str(self._cfg.retry_after_seconds)}
+                )
+        self._metrics.events.labels(DOOR).inc(len(derived.records))
+        return self._success(derived.rejected_spans, derived.refused, encoding)
+
+    def _success(self, rejected: int, reasons: dict[str, int], encoding: Encoding) -> web.Response:
+        response = ExportTraceServiceResponse()
+        if rejected:
+            response.partial_success.rejected_spans = rejected
+            response.partial_success.error_message = "refused spans: " + ", ".join(
+                f"{reason}={n}" for reason, n in sorted(reasons.items())
+            )
+        self._metrics.requests.labels("200").inc()
+        if encoding == "otlp_json":
+            return web.Response(
+                status=200, text=json_format.MessageToJson(response, indent=None), content_type="application/json"
+            )
+        return web.Response(status=200, body=response.SerializeToString(), content_type="application/x-protobuf")
