@@ -43,8 +43,12 @@ class OtlpKafkaBridge:
     """The bridge as a component: ``start()`` spawns the ``otel-bridge`` task, ``stop()`` ends it."""
 
     def __init__(
-        self, config: OtlpKafkaBridgeConfig, kafka: KafkaConfig, ingest: OtelIngest,
-        producer: OtelEventProducer, metrics: OtelMetrics,
+        self,
+        config: OtlpKafkaBridgeConfig,
+        kafka: KafkaConfig,
+        ingest: OtelIngest,
+        producer: OtelEventProducer,
+        metrics: OtelMetrics,
     ) -> None:
         self._cfg = config
         self._kafka = kafka
@@ -133,7 +137,9 @@ class OtlpKafkaBridge:
                 for rec, why in dead:
                     key = rec.key if rec.key is not None else b""  # a record needs a key or a value
                     await self._producer.produce(
-                        self._cfg.dead_letter_topic, [(key, rec.value)], timeout_seconds=PRODUCE_TIMEOUT_SECONDS,
+                        self._cfg.dead_letter_topic,
+                        [(key, rec.value)],
+                        timeout_seconds=PRODUCE_TIMEOUT_SECONDS,
                         headers=_dead_letter_headers(rec, why),
                     )
                 break

@@ -18,19 +18,26 @@ class OtlpReceiverConfig(_Frozen):
     host: str = Field("0.0.0.0", description="Address to bind.")  # noqa: S104 - a sidecar serves its pod
     port: int = Field(4318, ge=0, le=65535, description="Port (4318 is OTLP/HTTP's); 0 picks a free one.")
     max_body_bytes: int = Field(
-        4 * 1_048_576, ge=1024, le=256 * 1_048_576,
+        4 * 1_048_576,
+        ge=1024,
+        le=256 * 1_048_576,
         description="Largest request body as sent (compressed); larger ones get 413 before decoding.",
     )
     max_decompressed_bytes: int = Field(
-        16 * 1_048_576, ge=1024, le=1024 * 1_048_576,
+        16 * 1_048_576,
+        ge=1024,
+        le=1024 * 1_048_576,
         description="Largest body after gzip decompression; a larger one gets 413 (a gzip bomb stops here).",
     )
     bearer_token: SecretStr | None = Field(
-        None, description="When set, requests must carry 'Authorization: Bearer <token>' (else 401). "
+        None,
+        description="When set, requests must carry 'Authorization: Bearer <token>' (else 401). "
         "Set it from a secret with SIDECAR_OTEL__RECEIVER__BEARER_TOKEN.",
     )
     produce_timeout_seconds: float = Field(
-        10.0, gt=0, le=300,
+        10.0,
+        gt=0,
+        le=300,
         description="How long a request waits for Kafka to acknowledge its events before answering 503.",
     )
     retry_after_seconds: int = Field(5, ge=1, le=3600, description="Retry-After of a 503 answer.")
@@ -47,7 +54,9 @@ class OtlpKafkaBridgeConfig(_Frozen):
         description="The exporter's encoding; 'auto' tells them apart per record (JSON starts with '{').",
     )
     dead_letter_topic: str = Field(
-        "otlp_spans.dlq", min_length=1, max_length=249,
+        "otlp_spans.dlq",
+        min_length=1,
+        max_length=249,
         description="Records that cannot be decoded at all are copied here with the reason in headers.",
     )
     fetch_max_records: int = Field(200, ge=1, le=10_000, description="Records per poll (one produce+commit step).")
@@ -75,13 +84,12 @@ class OtelHistoryConfig(_Frozen):
         100_000, ge=1, description="Conversations remembered; the least recently seen is forgotten first."
     )
     max_state_bytes: int = Field(
-        64 * 1_048_576, ge=1_048_576,
+        64 * 1_048_576,
+        ge=1_048_576,
         description="Bound on the memory the remembered histories take (16 bytes per message plus about "
         "200 per conversation); over it, the least recently seen conversation is forgotten.",
     )
-    idle_ttl_seconds: float = Field(
-        6 * 3600.0, gt=0, description="A conversation not seen for this long is forgotten."
-    )
+    idle_ttl_seconds: float = Field(6 * 3600.0, gt=0, description="A conversation not seen for this long is forgotten.")
 
 
 class OtelConfig(_Frozen):

@@ -103,5 +103,3 @@ def _fix_ids(obj: dict[str, Any]) -> None:
                 obj[name] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
             except ValueError:
                 raise OtelRefused("invalid_json", f"{name} is not hex") from None
-
-

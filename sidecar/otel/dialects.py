@@ -216,9 +216,7 @@ def _parts(parts: list[Any], limits: Limits) -> tuple[str, tuple[OtelToolCall, .
 # --- indexed dialects (GenAI before v1.37, OpenInference) ------------------------------------
 
 
-def _indexed(
-    attrs: Attributes, limits: Limits, pattern: re.Pattern[str], sides: tuple[str, str]
-) -> list[OtelMessage]:
+def _indexed(attrs: Attributes, limits: Limits, pattern: re.Pattern[str], sides: tuple[str, str]) -> list[OtelMessage]:
     grouped: dict[str, dict[int, dict[str, str]]] = {sides[0]: {}, sides[1]: {}}
     for key, value in attrs.items():
         match = pattern.fullmatch(key)
@@ -248,9 +246,7 @@ def _indexed_message(fields: dict[str, str], limits: Limits) -> OtelMessage:
     role = role_of(fields.get("role"))
     content = fields.get("content")
     if content is None:
-        pieces = sorted(
-            (int(m.group(1)), v) for k, v in fields.items() if (m := _CONTENTS_OI.fullmatch(k)) is not None
-        )
+        pieces = sorted((int(m.group(1)), v) for k, v in fields.items() if (m := _CONTENTS_OI.fullmatch(k)) is not None)
         content = "\n".join(v for _, v in pieces)
     calls: dict[int, dict[str, str]] = {}
     for k, v in fields.items():

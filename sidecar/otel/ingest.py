@@ -188,8 +188,11 @@ class OtelIngest:
             raise OtelRefused("no_conversation_id", "none of " + ", ".join(CONVERSATION_KEYS))
         agent = _first(attrs, AGENT_KEYS) or trace.lookup(span, AGENT_KEYS, trace.agent)
         return ChatSpan(
-            check_conversation_id(conversation), agent_label(agent), history,
-            span.start_time_unix_nano, span.end_time_unix_nano or span.start_time_unix_nano,
+            check_conversation_id(conversation),
+            agent_label(agent),
+            history,
+            span.start_time_unix_nano,
+            span.end_time_unix_nano or span.start_time_unix_nano,
         )
 
     def _count(self, door: str, normalised: int, ignored: int, refused: Counter[str]) -> None:
@@ -237,8 +240,13 @@ class OtelIngest:
         records = []
         for seq, i in diff.new:
             event: dict[str, object] = {
-                "v": 1, "conversation_id": cid, "event_id": event_id(cid, seq, digests[i]), "seq": seq,
-                "ts": ts, "type": "message", "message": chat.history[i].contract(),
+                "v": 1,
+                "conversation_id": cid,
+                "event_id": event_id(cid, seq, digests[i]),
+                "seq": seq,
+                "ts": ts,
+                "type": "message",
+                "message": chat.history[i].contract(),
             }
             if chat.agent is not None:
                 event["agent"] = chat.agent

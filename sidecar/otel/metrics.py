@@ -13,43 +13,53 @@ class OtelMetrics:
             "sidecar_otel_spans_total",
             "Spans read, by door and outcome (normalised: a chat span with its messages; ignored: not a "
             "model call; refused: see sidecar_otel_refused_total).",
-            ["door", "outcome"], registry=registry,
+            ["door", "outcome"],
+            registry=registry,
         )
         self.refused = Counter(
             "sidecar_otel_refused_total",
             "Payloads or spans that did not become events, by door and reason.",
-            ["door", "reason"], registry=registry,
+            ["door", "reason"],
+            registry=registry,
         )
         self.events = Counter(
             "sidecar_otel_events_produced_total",
             "Contract-v1 events derived from spans and acknowledged by Kafka, by door.",
-            ["door"], registry=registry,
+            ["door"],
+            registry=registry,
         )
         self.histories = Counter(
             "sidecar_otel_histories_total",
             "Chat span histories by how they relate to what was seen of the conversation "
             "(new, extends, stale, rewritten).",
-            ["kind"], registry=registry,
+            ["kind"],
+            registry=registry,
         )
         self.conversations = Gauge(
-            "sidecar_otel_history_conversations", "Conversations whose history the ingest remembers.",
+            "sidecar_otel_history_conversations",
+            "Conversations whose history the ingest remembers.",
             registry=registry,
         )
         self.state_bytes = Gauge(
-            "sidecar_otel_history_state_bytes", "Memory taken by the remembered histories (estimate).",
+            "sidecar_otel_history_state_bytes",
+            "Memory taken by the remembered histories (estimate).",
             registry=registry,
         )
         self.requests = Counter(
-            "sidecar_otel_receiver_requests_total", "OTLP/HTTP export requests answered, by status code.",
-            ["code"], registry=registry,
+            "sidecar_otel_receiver_requests_total",
+            "OTLP/HTTP export requests answered, by status code.",
+            ["code"],
+            registry=registry,
         )
         self.bridge_records = Counter(
             "sidecar_otel_bridge_records_total",
             "Records taken from the OTLP topic, by outcome (processed, dead_lettered).",
-            ["outcome"], registry=registry,
+            ["outcome"],
+            registry=registry,
         )
         self.produce_errors = Counter(
             "sidecar_otel_produce_errors_total",
             "Failed attempts to get derived events acknowledged by Kafka, by door.",
-            ["door"], registry=registry,
+            ["door"],
+            registry=registry,
         )

@@ -46,7 +46,11 @@ class OtelEventProducer:
             return self._producer
 
     async def produce(
-        self, topic: str, records: Sequence[tuple[bytes, bytes | None]], *, timeout_seconds: float,
+        self,
+        topic: str,
+        records: Sequence[tuple[bytes, bytes | None]],
+        *,
+        timeout_seconds: float,
         headers: Headers | None = None,
     ) -> None:
         """Send every record and wait for all acknowledgements; raises :class:`KafkaUnavailable`

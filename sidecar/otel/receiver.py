@@ -41,8 +41,13 @@ class OtlpHttpReceiver:
     """The receiver as a component: ``start()`` binds, ``stop()`` closes (idempotent)."""
 
     def __init__(
-        self, config: OtlpReceiverConfig, ingest: OtelIngest, producer: OtelEventProducer,
-        metrics: OtelMetrics, *, events_topic: str,
+        self,
+        config: OtlpReceiverConfig,
+        ingest: OtelIngest,
+        producer: OtelEventProducer,
+        metrics: OtelMetrics,
+        *,
+        events_topic: str,
     ) -> None:
         self._cfg = config
         self._ingest = ingest

@@ -30,14 +30,23 @@ def build(conversations: int, turns: int, encoding: Encoding, per_record: int = 
         cid = f"bench-{c}"
         for j, call in enumerate(model_calls(conversation(turns, tag=str(c)))):
             trace = new_id(16)
-            root = make_span({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "desk",
-                              "gen_ai.conversation.id": cid}, trace_id=trace, start=j * 10)
-            chat = make_span(chat_attrs(("genai", "openinference")[c % 2], call, None), trace_id=trace,
-                             parent=root.span_id, start=j * 10 + 1)
+            root = make_span(
+                {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "desk", "gen_ai.conversation.id": cid},
+                trace_id=trace,
+                start=j * 10,
+            )
+            chat = make_span(
+                chat_attrs(("genai", "openinference")[c % 2], call, None),
+                trace_id=trace,
+                parent=root.span_id,
+                start=j * 10 + 1,
+            )
             spans.append((j, [root, chat]))
     spans.sort(key=lambda s: s[0])  # turn by turn, as live traffic arrives
-    records = [encode(traces(s for _, pair in spans[i : i + per_record] for s in pair), encoding)
-               for i in range(0, len(spans), per_record)]
+    records = [
+        encode(traces(s for _, pair in spans[i : i + per_record] for s in pair), encoding)
+        for i in range(0, len(spans), per_record)
+    ]
     return records, 2 * len(spans)
 
 

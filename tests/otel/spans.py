@@ -42,10 +42,22 @@ def any_value(value: Any) -> AnyValue:
     return out
 
 
-def make_span(attrs: dict[str, Any], *, trace_id: bytes | None = None, parent: bytes = b"",
-              start: int = 1_700_000_000_000_000_000, name: str = "chat m") -> Span:
-    span = Span(trace_id=trace_id or new_id(16), span_id=new_id(8), parent_span_id=parent, name=name,
-                start_time_unix_nano=start, end_time_unix_nano=start + 1_000_000)
+def make_span(
+    attrs: dict[str, Any],
+    *,
+    trace_id: bytes | None = None,
+    parent: bytes = b"",
+    start: int = 1_700_000_000_000_000_000,
+    name: str = "chat m",
+) -> Span:
+    span = Span(
+        trace_id=trace_id or new_id(16),
+        span_id=new_id(8),
+        parent_span_id=parent,
+        name=name,
+        start_time_unix_nano=start,
+        end_time_unix_nano=start + 1_000_000,
+    )
     span.attributes.extend(KeyValue(key=k, value=any_value(v)) for k, v in attrs.items())
     return span
 
@@ -136,8 +148,11 @@ def openinference_attrs(history: Sequence[Msg]) -> dict[str, Any]:
 def chat_attrs(dialect: str, history: Sequence[Msg], conversation_id: str | None) -> dict[str, Any]:
     attrs = {"genai": genai_attrs, "genai_old": genai_old_attrs, "openinference": openinference_attrs}[dialect](history)
     if conversation_id is not None:
-        key = {"genai": "gen_ai.conversation.id", "genai_old": "traceloop.association.properties.session_id",
-               "openinference": "session.id"}
+        key = {
+            "genai": "gen_ai.conversation.id",
+            "genai_old": "traceloop.association.properties.session_id",
+            "openinference": "session.id",
+        }
         attrs[key[dialect]] = conversation_id
     return attrs
 
@@ -147,9 +162,19 @@ def conversation(turns: int, tag: str = "") -> list[Msg]:
     out: list[Msg] = [{"role": "system", "content": f"You book tables.{tag}"}]
     for t in range(turns):
         out.append({"role": "user", "content": f"turn {t}: a table for {t + 2}, please{tag}"})
-        out.append({"role": "assistant", "content": "", "tool_calls": [
-            {"name": "find_table", "arguments": json.dumps({"people": t + 2}, separators=(",", ":")), "id": f"call_{t}"}
-        ]})
+        out.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "name": "find_table",
+                        "arguments": json.dumps({"people": t + 2}, separators=(",", ":")),
+                        "id": f"call_{t}",
+                    }
+                ],
+            }
+        )
         out.append({"role": "tool", "content": json.dumps({"table": t})})
         out.append({"role": "assistant", "content": f"Booked table {t}.{tag}"})
     return out
@@ -167,8 +192,17 @@ def native_events(conversation_id: str, history: Sequence[Msg]) -> list[Event]:
         message = {k: v for k, v in m.items() if k != "tool_calls"}
         if m.get("tool_calls"):
             message["tool_calls"] = [{"name": c["name"], "arguments": c["arguments"]} for c in m["tool_calls"]]
-        value = json.dumps({"v": 1, "conversation_id": conversation_id, "event_id": f"n-{seq}", "seq": seq,
-                            "ts": 1.0, "type": "message", "message": message}).encode()
+        value = json.dumps(
+            {
+                "v": 1,
+                "conversation_id": conversation_id,
+                "event_id": f"n-{seq}",
+                "seq": seq,
+                "ts": 1.0,
+                "type": "message",
+                "message": message,
+            }
+        ).encode()
         out.append(decode_event(value, conversation_id.encode(), max_bytes=1 << 20))
     return out
 

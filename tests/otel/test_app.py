@@ -35,16 +35,20 @@ async def running() -> AsyncIterator[list[Running]]:
 @pytest.mark.slow
 async def test_receiver_feeds_the_pipeline_exactly_once(kafka: str, tmp_path: Path, running: list[Running]) -> None:
     topic, port = "otel-app", free_port()
-    cfg = load_config(write_config(tmp_path / "c.yaml", kafka, topic,
-                                   otel={"receiver": {"enabled": True, "host": "127.0.0.1", "port": port}}))
+    cfg = load_config(
+        write_config(
+            tmp_path / "c.yaml", kafka, topic, otel={"receiver": {"enabled": True, "host": "127.0.0.1", "port": port}}
+        )
+    )
     calls = model_calls(conversation(2))
 
     async def post(chat_calls: list[list[dict[str, object]]]) -> None:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             for call in chat_calls:
                 body = encode(traces([make_span(chat_attrs("genai", call, "app-1"))]), "otlp_proto")
-                answer = await client.post("/v1/traces", content=body,
-                                           headers={"Content-Type": "application/x-protobuf"})
+                answer = await client.post(
+                    "/v1/traces", content=body, headers={"Content-Type": "application/x-protobuf"}
+                )
                 assert answer.status_code == 200
 
     r = Running(cfg)

@@ -29,9 +29,13 @@ TOOL_ARGS = '{"people":2}'
 
 def _completion(message: dict[str, Any]) -> dict[str, Any]:
     return {
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "fake",
-        "choices": [{"index": 0, "message": message,
-                     "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "fake",
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}
+        ],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
 
@@ -40,8 +44,13 @@ async def _fake_openai(request: web.Request) -> web.Response:
     body = await request.json()
     last = body["messages"][-1]
     if last["role"] == "user" and "table" in last["content"]:
-        message = {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "find_table", "arguments": TOOL_ARGS}}]}
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "find_table", "arguments": TOOL_ARGS}}
+            ],
+        }
     elif last["role"] == "tool":
         message = {"role": "assistant", "content": "Booked table 4 for two."}
     else:
@@ -63,9 +72,7 @@ async def fake_openai() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def test_openai_v2_spans_become_the_native_events(
-    fake_openai: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_openai_v2_spans_become_the_native_events(fake_openai: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
     from opentelemetry.sdk.trace import TracerProvider
@@ -74,13 +81,18 @@ async def test_openai_v2_spans_become_the_native_events(
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
     metrics = OtelMetrics(CollectorRegistry())
     producer = RecordingProducer()
-    receiver = OtlpHttpReceiver(OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0),
-                                OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20), producer,  # type: ignore[arg-type]
-                                metrics, events_topic="events")
+    receiver = OtlpHttpReceiver(
+        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0),
+        OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20),
+        producer,  # type: ignore[arg-type]
+        metrics,
+        events_topic="events",
+    )
     await receiver.start()
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(
-        OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver.port}/v1/traces")))
+    provider.add_span_processor(
+        BatchSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver.port}/v1/traces"))
+    )
     instrumentor = OpenAIInstrumentor()
     instrumentor.instrument(tracer_provider=provider)
     client = openai.AsyncOpenAI(base_url=fake_openai, api_key="none", max_retries=0)
@@ -92,27 +104,45 @@ async def test_openai_v2_spans_become_the_native_events(
             r = await client.chat.completions.create(model="fake", messages=messages)  # type: ignore[arg-type]
             m = r.choices[0].message
             if m.tool_calls:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [
-                    {"id": c.id, "type": "function", "function": {"name": c.function.name,
-                                                                 "arguments": c.function.arguments}}
-                    for c in m.tool_calls]})
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": c.id,
+                                "type": "function",
+                                "function": {"name": c.function.name, "arguments": c.function.arguments},
+                            }
+                            for c in m.tool_calls
+                        ],
+                    }
+                )
             else:
                 messages.append({"role": "assistant", "content": m.content})
 
         # The agent opens one span per turn carrying the conversation id (the instrumentation does
         # not set one); the chat spans are its children.
-        with tracer.start_as_current_span("invoke_agent booking", attributes={
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "booking",
-            "gen_ai.conversation.id": "conv-e2e",
-        }):
+        with tracer.start_as_current_span(
+            "invoke_agent booking",
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": "booking",
+                "gen_ai.conversation.id": "conv-e2e",
+            },
+        ):
             messages.append({"role": "user", "content": "A table for two tonight, please."})
             await call()
             messages.append({"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"table": 4})})
             await call()
-        with tracer.start_as_current_span("invoke_agent booking", attributes={
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "conv-e2e",
-            "gen_ai.agent.name": "booking",
-        }):
+        with tracer.start_as_current_span(
+            "invoke_agent booking",
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.conversation.id": "conv-e2e",
+                "gen_ai.agent.name": "booking",
+            },
+        ):
             messages.append({"role": "user", "content": "Thanks!"})
             await call()
         assert await asyncio.to_thread(provider.force_flush, 10_000)
@@ -123,9 +153,20 @@ async def test_openai_v2_spans_become_the_native_events(
         await receiver.stop()
 
     native = [
-        {"role": m["role"], "content": m["content"] or "",
-         **({"tool_calls": [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                            for c in m["tool_calls"]]} if m.get("tool_calls") else {})}
+        {
+            "role": m["role"],
+            "content": m["content"] or "",
+            **(
+                {
+                    "tool_calls": [
+                        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                        for c in m["tool_calls"]
+                    ]
+                }
+                if m.get("tool_calls")
+                else {}
+            ),
+        }
         for m in messages
     ]
     logs = dedup(decoded(producer.acked))

@@ -60,13 +60,13 @@ def test_a_rewritten_history_emits_no_message_twice(n: int, cut: int, extra: int
     seen = tracker.diff("c", first, [0])
     assert seen.kind == "new"
     assert [s for s, _ in seen.new] == list(range(n))
-    keep = first[min(cut, n):]  # the summary replaces the first messages
+    keep = first[min(cut, n) :]  # the summary replaces the first messages
     rewritten = [d(1000)] + keep + [d(2000 + i) for i in range(extra)]
     diff = tracker.diff("c", rewritten, [0])
     emitted = [rewritten[i] for _, i in diff.new]
     assert not set(emitted) & set(first)
     if keep:
-        assert emitted == rewritten[len(rewritten) - extra:]
+        assert emitted == rewritten[len(rewritten) - extra :]
     assert [s for s, _ in diff.new] == list(range(n, n + len(diff.new)))
     # the next span extends the rewritten history: plain suffix again, no second rewrite
     after = tracker.diff("c", [*rewritten, d(3000)], [0])

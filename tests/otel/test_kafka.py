@@ -57,9 +57,13 @@ async def test_receiver_answers_after_kafka_acknowledged(kafka: str) -> None:
     registry = CollectorRegistry()
     metrics = OtelMetrics(registry)
     producer = OtelEventProducer(kafka_config(kafka, topic))
-    receiver = OtlpHttpReceiver(OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0),
-                                OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20), producer, metrics,
-                                events_topic=topic)
+    receiver = OtlpHttpReceiver(
+        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0),
+        OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20),
+        producer,
+        metrics,
+        events_topic=topic,
+    )
     await receiver.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{receiver.port}") as client:
@@ -79,10 +83,10 @@ async def test_receiver_answers_after_kafka_acknowledged(kafka: str) -> None:
 async def test_receiver_answers_503_when_kafka_is_unreachable() -> None:
     metrics = OtelMetrics(CollectorRegistry())
     producer = OtelEventProducer(kafka_config(f"127.0.0.1:{free_port()}", "nowhere"))
-    cfg = OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0, produce_timeout_seconds=1.0,
-                             retry_after_seconds=7)
-    receiver = OtlpHttpReceiver(cfg, OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20), producer, metrics,
-                                events_topic="nowhere")
+    cfg = OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0, produce_timeout_seconds=1.0, retry_after_seconds=7)
+    receiver = OtlpHttpReceiver(
+        cfg, OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20), producer, metrics, events_topic="nowhere"
+    )
     await receiver.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{receiver.port}") as client:
@@ -104,8 +108,16 @@ def collector_records(histories: dict[str, list[dict[str, object]]], rng: random
         dialect = ("genai", "genai_old", "openinference")[i % 3]
         for j, call in enumerate(model_calls(history)):
             trace = new_id(16)
-            root = make_span({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "desk",
-                              "gen_ai.conversation.id": cid, "session.id": cid}, trace_id=trace, start=j * 10)
+            root = make_span(
+                {
+                    "gen_ai.operation.name": "invoke_agent",
+                    "gen_ai.agent.name": "desk",
+                    "gen_ai.conversation.id": cid,
+                    "session.id": cid,
+                },
+                trace_id=trace,
+                start=j * 10,
+            )
             chat = make_span(chat_attrs(dialect, call, None), trace_id=trace, parent=root.span_id, start=j * 10 + 1)
             spans.append((trace, [root, chat]))
     rng.shuffle(spans)
@@ -121,12 +133,14 @@ def collector_records(histories: dict[str, list[dict[str, object]]], rng: random
     return out
 
 
-def bridge_for(kafka: str, events: str, otlp: str, group: str) -> tuple[OtlpKafkaBridge, OtelEventProducer,
-                                                                        CollectorRegistry]:
+def bridge_for(
+    kafka: str, events: str, otlp: str, group: str
+) -> tuple[OtlpKafkaBridge, OtelEventProducer, CollectorRegistry]:
     registry = CollectorRegistry()
     metrics = OtelMetrics(registry)
-    cfg = OtlpKafkaBridgeConfig(enabled=True, topic=otlp, group_id=group, dead_letter_topic=f"{otlp}.dlq",
-                                fetch_max_records=7)
+    cfg = OtlpKafkaBridgeConfig(
+        enabled=True, topic=otlp, group_id=group, dead_letter_topic=f"{otlp}.dlq", fetch_max_records=7
+    )
     kcfg = kafka_config(kafka, events)
     producer = OtelEventProducer(kcfg)
     ingest = OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20)
@@ -134,8 +148,10 @@ def bridge_for(kafka: str, events: str, otlp: str, group: str) -> tuple[OtlpKafk
 
 
 def taken(registry: CollectorRegistry) -> float:
-    return sum(registry.get_sample_value("sidecar_otel_bridge_records_total", {"outcome": o}) or 0
-               for o in ("processed", "dead_lettered"))
+    return sum(
+        registry.get_sample_value("sidecar_otel_bridge_records_total", {"outcome": o}) or 0
+        for o in ("processed", "dead_lettered")
+    )
 
 
 @pytest.mark.slow

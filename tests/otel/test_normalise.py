@@ -55,8 +55,11 @@ def test_spans_in_one_payload_out_of_order_give_the_same_events(ingest: OtelInge
 def test_the_conversation_id_and_agent_come_from_the_invoke_agent_span(ingest: OtelIngest) -> None:
     history = conversation(1)
     trace = new_id(16)
-    root = make_span({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "booking desk",
-                      "gen_ai.conversation.id": "c-3"}, trace_id=trace, name="invoke_agent booking")
+    root = make_span(
+        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "booking desk", "gen_ai.conversation.id": "c-3"},
+        trace_id=trace,
+        name="invoke_agent booking",
+    )
     mid = make_span({"other": 1}, trace_id=trace, parent=root.span_id)
     chat = make_span(chat_attrs("genai", history, None), trace_id=trace, parent=mid.span_id)
     events = decoded(derive(ingest, encode(traces([chat, mid, root]), "otlp_json")))
@@ -74,10 +77,15 @@ def test_openinference_agent_name_and_session(ingest: OtelIngest) -> None:
 def test_structured_attributes_and_object_arguments(ingest: OtelIngest) -> None:
     """An SDK may set the messages as a structured (kvlist/array) value and arguments as an object."""
     attrs = {
-        "gen_ai.operation.name": "chat", "gen_ai.conversation.id": "c-4",
+        "gen_ai.operation.name": "chat",
+        "gen_ai.conversation.id": "c-4",
         "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": "hi"}]}],
-        "gen_ai.output.messages": [{"role": "assistant", "parts": [
-            {"type": "tool_call", "name": "f", "id": "1", "arguments": {"b": 1, "a": [1, 2]}}]}],
+        "gen_ai.output.messages": [
+            {
+                "role": "assistant",
+                "parts": [{"type": "tool_call", "name": "f", "id": "1", "arguments": {"b": 1, "a": [1, 2]}}],
+            }
+        ],
     }
     events = decoded(derive(ingest, encode(traces([make_span(attrs)]), "otlp_proto")))
     assert [e.message.role for e in events if e.message] == ["user", "assistant"]
@@ -88,12 +96,16 @@ def test_structured_attributes_and_object_arguments(ingest: OtelIngest) -> None:
 
 def test_tool_call_response_accepts_response_and_result(ingest: OtelIngest) -> None:
     def span(key: str, conv: str) -> bytes:
-        inputs = [{"role": "user", "parts": [{"type": "text", "content": "q"}]},
-                  {"role": "tool", "parts": [{"type": "tool_call_response", "id": "1", key: {"ok": True}}]}]
-        attrs = {"gen_ai.operation.name": "chat", "gen_ai.conversation.id": conv,
-                 "gen_ai.input.messages": json.dumps(inputs),
-                 "gen_ai.output.messages": json.dumps(
-                     [{"role": "assistant", "parts": [{"type": "text", "content": "a"}]}])}
+        inputs = [
+            {"role": "user", "parts": [{"type": "text", "content": "q"}]},
+            {"role": "tool", "parts": [{"type": "tool_call_response", "id": "1", key: {"ok": True}}]},
+        ]
+        attrs = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.conversation.id": conv,
+            "gen_ai.input.messages": json.dumps(inputs),
+            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "a"}]}]),
+        }
         return encode(traces([make_span(attrs)]), "otlp_proto")
 
     a = decoded(derive(ingest, span("response", "c-5")))

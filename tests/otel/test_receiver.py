@@ -29,8 +29,9 @@ class RecordingProducer:
         self.acked: list[tuple[bytes, bytes]] = []
         self.down = False
 
-    async def produce(self, topic: str, records: Sequence[tuple[bytes, bytes | None]], *, timeout_seconds: float,
-                      headers: Any = None) -> None:
+    async def produce(
+        self, topic: str, records: Sequence[tuple[bytes, bytes | None]], *, timeout_seconds: float, headers: Any = None
+    ) -> None:
         if self.down:
             raise KafkaUnavailable("brokers down")
         self.acked += [(k, v) for k, v in records if v is not None]
@@ -41,8 +42,14 @@ class RecordingProducer:
 
 @pytest.fixture
 async def served(registry: CollectorRegistry) -> AsyncIterator[tuple[httpx.AsyncClient, RecordingProducer]]:
-    cfg = OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0, max_body_bytes=64 * 1024,
-                             max_decompressed_bytes=256 * 1024, bearer_token="s3cret")
+    cfg = OtlpReceiverConfig(
+        enabled=True,
+        host="127.0.0.1",
+        port=0,
+        max_body_bytes=64 * 1024,
+        max_decompressed_bytes=256 * 1024,
+        bearer_token="s3cret",
+    )
     metrics = OtelMetrics(registry)
     producer = RecordingProducer()
     from sidecar.otel.config import OtelConfig
@@ -51,8 +58,9 @@ async def served(registry: CollectorRegistry) -> AsyncIterator[tuple[httpx.Async
     receiver = OtlpHttpReceiver(cfg, ingest, producer, metrics, events_topic="events")  # type: ignore[arg-type]
     await receiver.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{receiver.port}",
-                                     headers={"Authorization": "Bearer s3cret"}) as client:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{receiver.port}", headers={"Authorization": "Bearer s3cret"}
+        ) as client:
             yield client, producer
     finally:
         await receiver.stop()
@@ -69,12 +77,14 @@ async def test_protobuf_json_and_gzip(served: tuple[httpx.AsyncClient, Recording
     assert r.status_code == 200
     assert r.headers["Content-Type"].startswith("application/x-protobuf")
     assert ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans == 0
-    r = await client.post("/v1/traces", content=payload("j", encoding="otlp_json"),
-                          headers={"Content-Type": "application/json"})
+    r = await client.post(
+        "/v1/traces", content=payload("j", encoding="otlp_json"), headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 200
     assert r.json() == {}
-    r = await client.post("/v1/traces", content=gzip.compress(payload("g")),
-                          headers={**PROTO, "Content-Encoding": "gzip"})
+    r = await client.post(
+        "/v1/traces", content=gzip.compress(payload("g")), headers={**PROTO, "Content-Encoding": "gzip"}
+    )
     assert r.status_code == 200
     logs = dedup(decoded(producer.acked))
     for cid in ("p", "j", "g"):
@@ -82,7 +92,8 @@ async def test_protobuf_json_and_gzip(served: tuple[httpx.AsyncClient, Recording
 
 
 async def test_refused_spans_are_reported_as_partial_success(
-    served: tuple[httpx.AsyncClient, RecordingProducer], registry: CollectorRegistry,
+    served: tuple[httpx.AsyncClient, RecordingProducer],
+    registry: CollectorRegistry,
 ) -> None:
     client, _ = served
     capture_off = make_span({"gen_ai.operation.name": "chat", "gen_ai.conversation.id": "c"})
@@ -109,8 +120,14 @@ async def test_refused_spans_are_reported_as_partial_success(
     ],
     ids=["bad_proto", "bad_json", "text", "brotli", "too_big", "gzip_bomb", "bad_gzip", "empty"],
 )
-async def test_clear_4xx(served: tuple[httpx.AsyncClient, RecordingProducer], registry: CollectorRegistry,
-                         body: bytes, headers: dict[str, str], status: int, reason: str) -> None:
+async def test_clear_4xx(
+    served: tuple[httpx.AsyncClient, RecordingProducer],
+    registry: CollectorRegistry,
+    body: bytes,
+    headers: dict[str, str],
+    status: int,
+    reason: str,
+) -> None:
     client, producer = served
     r = await client.post("/v1/traces", content=body, headers=headers)
     assert r.status_code == status
