@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from adapters.data.conversations import stable_unit
-from adapters.evaluation.metrics import binary_metrics
+from adapters.evaluation.binary import binary_metrics
 from sidecar.tools.classification import precision_recall_f1
 
 Objective = Literal["balanced_accuracy", "f1"]

@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 
 from adapters.data.conversations import messages_from_json
-from adapters.evaluation.metrics import binary_metrics
+from adapters.evaluation.binary import binary_metrics
 from adapters.onboarding.cli import inherited_recipe
 from adapters.onboarding.onboard import OnboardSpec, run_onboarding, score_examples
 

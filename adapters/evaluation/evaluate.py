@@ -35,7 +35,7 @@ from tqdm import tqdm
 from adapters.data.conversations import messages_from_json, stable_unit
 from adapters.data.tokenizer import END_TAG, encode_messages, encode_plain, load_tokenizer, special_id
 from adapters.evaluation.baseline import tail_text, train_classifier
-from adapters.evaluation.metrics import binary_metrics
+from adapters.evaluation.binary import binary_metrics
 from adapters.evaluation.report import write_report
 from adapters.serving.manifest import file_sha256, message_cap, write_manifest
 from adapters.serving.vllm_server import VllmServer

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from adapters.data.conversations import eval_examples, in_truncation_protocol, train_record_conversation
 from adapters.data.tokenizer import END_TAG, encode_messages, load_tokenizer, padding_id, special_id
-from adapters.evaluation.metrics import binary_metrics
+from adapters.evaluation.binary import binary_metrics
 from adapters.serving.manifest import message_cap
 
 log = structlog.get_logger()

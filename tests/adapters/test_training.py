@@ -13,7 +13,7 @@ from sklearn.metrics import roc_auc_score
 
 from adapters.cli import build_parser, main
 from adapters.data.tokenizer import BOS, END_TAG, EOS, PAD, encode_messages_with_offsets, save_tokenizer, special_id
-from adapters.evaluation.metrics import binary_metrics, roc_auc
+from adapters.evaluation.binary import binary_metrics, roc_auc
 from adapters.serving.export import ExportError, export_adapter
 from adapters.training.base import BaseModelSpec, build_model, rescale_unseen_rows, windows
 from adapters.training.loop import IGNORE, LoopConfig, TrainSeq, collate, train_loop, weighted_lm_loss

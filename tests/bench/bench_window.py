@@ -33,7 +33,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from adapters.data.conversations import messages_from_json
-from adapters.evaluation.metrics import binary_metrics
+from adapters.evaluation.binary import binary_metrics
 from adapters.evaluation.validate import load_model, next_token_probs
 from adapters.serving.manifest import message_cap
 from sidecar.scoring.client import VllmClient

@@ -258,9 +258,9 @@ def _run(
 ) -> int:
     from sidecar.tools.eval import figures
     from sidecar.tools.eval.goals import cluster_goals
-    from sidecar.tools.eval.metrics import completion_examples, judge_rows, tree_samples
     from sidecar.tools.eval.report import build_summary, render_report
     from sidecar.tools.eval.run import settings_fingerprint
+    from sidecar.tools.eval.sections import completion_examples, judge_rows, tree_samples
     from sidecar.tools.judge.report import comparison_json as comparison
 
     t0 = time.monotonic()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.errors import ConfigError
-from sidecar.tools.eval.metrics import Example, roc_points
+from sidecar.tools.eval.sections import Example, roc_points
 
 DPI = 110
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.contract import TreeBranch
-from sidecar.tools.eval.metrics import completion_section, tree_samples, uncertainty_section
+from sidecar.tools.eval.sections import completion_section, tree_samples, uncertainty_section
 from sidecar.tools.judge.report import MethodRow
 from sidecar.trees.pages import CSS
 from sidecar.trees.shape import build_shape

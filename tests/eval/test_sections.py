@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, precision_recall_fscore_support, roc_auc_score
 
-from sidecar.tools.eval.metrics import completion_section, correlation, top_on_both, uncertainty_section
 from sidecar.tools.eval.report import fmt
 from sidecar.tools.eval.run import through_user_message, truncation_turn
+from sidecar.tools.eval.sections import completion_section, correlation, top_on_both, uncertainty_section
 from sidecar.transcript.model import Message
 
 
