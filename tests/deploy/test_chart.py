@@ -235,6 +235,23 @@ def test_keda_caps_replicas_at_the_partition_count(helm: str) -> None:
     assert "replicas" not in one(docs, "Deployment")["spec"], "KEDA owns the replica count"
 
 
+def test_keda_scales_down_slowly_and_falls_back_when_blind(helm: str) -> None:
+    """cooldownPeriod only acts when scaling to zero, which minReplicas >= 1 rules out: the scale
+    down is paced by the HPA's behaviour, and a fallback holds replicas while the lag is unreadable."""
+    spec = one(rendered(scenario("keda-cap")), "ScaledObject")["spec"]
+    assert "cooldownPeriod" not in spec
+    down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] == 600
+    assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
+    assert spec["fallback"] == {"failureThreshold": 3, "replicas": 4}
+    capped = one(render(set_values={"autoscaling.keda.enabled": "true", "autoscaling.keda.partitions": "2",
+                                    "autoscaling.keda.maxReplicas": "2"}), "ScaledObject")["spec"]
+    assert capped["fallback"]["replicas"] == 2  # never more than the partitions
+    off = one(render(set_values={"autoscaling.keda.enabled": "true", "autoscaling.keda.fallback.enabled": "false"}),
+              "ScaledObject")["spec"]
+    assert "fallback" not in off
+
+
 def test_keda_reads_topic_and_group_from_the_sidecar_config(helm: str) -> None:
     meta = one(rendered(scenario("full")), "ScaledObject")["spec"]["triggers"][0]
     assert meta["authenticationRef"] == {"name": "kafka-sasl"}
