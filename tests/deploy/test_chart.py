@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -233,6 +234,23 @@ def test_keda_caps_replicas_at_the_partition_count(helm: str) -> None:
     }  # fmt: skip
     assert so["spec"]["scaleTargetRef"]["name"] == one(docs, "Deployment")["metadata"]["name"]
     assert "replicas" not in one(docs, "Deployment")["spec"], "KEDA owns the replica count"
+
+
+def test_readme_helm_template_command_works_and_its_warning_is_true(helm: str) -> None:
+    """The README's plain `helm template` renders; without --kube-version, helm stops with the
+    message the README quotes (so the advice stays true when the chart or helm changes)."""
+    readme = (CHART / "README.md").read_text()
+    block = re.search(r"```bash\n(helm template [^`]*?)```", readme)
+    assert block, "the README shows no helm template command"
+    argv = shlex.split(block.group(1).replace("\\\n", " "))[1:]
+    argv = [str(CHART) if a == "helm/sidecar" else a for a in argv]
+    assert "--kube-version" in argv
+    assert "kind: Deployment" in run_helm(*argv).stdout
+    i = argv.index("--kube-version")
+    plain = run_helm(*argv[:i], *argv[i + 2 :], check=False)
+    assert plain.returncode != 0
+    quoted = re.search(r'stop with "([^"]+)"', readme.replace("\n", " "))
+    assert quoted and quoted.group(1) in plain.stderr, plain.stderr
 
 
 def test_keda_scales_down_slowly_and_falls_back_when_blind(helm: str) -> None:
