@@ -394,3 +394,23 @@ def test_kube_version_floor(helm: str) -> None:
     proc = run_helm(*args, check=False)
     assert proc.returncode != 0
     assert ">=1.27.0-0" in proc.stderr
+
+
+def test_replicas_spread_over_nodes_and_zones_by_default(helm: str) -> None:
+    """Two default replicas must not land on one node when another has room."""
+    spec = one(rendered(scenario("default")), "Deployment")["spec"]
+    spread = spec["template"]["spec"]["topologySpreadConstraints"]
+    assert [(c["topologyKey"], c["whenUnsatisfiable"]) for c in spread] == [
+        ("kubernetes.io/hostname", "ScheduleAnyway"), ("topology.kubernetes.io/zone", "ScheduleAnyway"),
+    ]  # fmt: skip
+    assert all(c["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"] for c in spread)
+    own = [{"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"a": "b"}}}]  # fmt: skip
+    custom = one(render(set_values={"topologySpreadConstraints[0].maxSkew": "2",
+                                    "topologySpreadConstraints[0].topologyKey": "kubernetes.io/hostname",
+                                    "topologySpreadConstraints[0].whenUnsatisfiable": "DoNotSchedule",
+                                    "topologySpreadConstraints[0].labelSelector.matchLabels.a": "b"}),
+                 "Deployment")["spec"]["template"]["spec"]  # fmt: skip
+    assert custom["topologySpreadConstraints"] == own
+    off = one(render(set_values={"defaultTopologySpread": "false"}), "Deployment")["spec"]["template"]["spec"]
+    assert "topologySpreadConstraints" not in off
