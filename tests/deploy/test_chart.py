@@ -414,3 +414,25 @@ def test_replicas_spread_over_nodes_and_zones_by_default(helm: str) -> None:
     assert custom["topologySpreadConstraints"] == own
     off = one(render(set_values={"defaultTopologySpread": "false"}), "Deployment")["spec"]["template"]["spec"]
     assert "topologySpreadConstraints" not in off
+
+
+def test_network_policies_are_optional_and_name_every_peer(helm: str) -> None:
+    assert not by_kind(rendered(scenario("default")), "NetworkPolicy")
+    docs = rendered(scenario("full"))
+    sidecar = one(docs, "NetworkPolicy", RELEASE)["spec"]
+    deployment = one(docs, "Deployment", RELEASE)
+    assert sidecar["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert sidecar["policyTypes"] == ["Ingress", "Egress"]
+    (scrape,) = sidecar["ingress"]
+    assert scrape["ports"] == [{"port": 9108, "protocol": "TCP"}]
+    assert scrape["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    egress = sidecar["egress"]
+    assert egress[0]["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    assert egress[1]["ports"] == [{"port": 9093, "protocol": "TCP"}]
+    vllm = one(docs, "Deployment", f"{RELEASE}-vllm")["spec"]["selector"]["matchLabels"]
+    assert egress[2]["to"] == [{"podSelector": {"matchLabels": vllm}}]
+    assert {p["port"] for p in egress[3]["ports"]} >= {8883, 443}
+    inbound = one(docs, "NetworkPolicy", f"{RELEASE}-vllm")["spec"]
+    assert inbound["podSelector"]["matchLabels"] == vllm and inbound["policyTypes"] == ["Ingress"]
+    own = deployment["spec"]["selector"]["matchLabels"]
+    assert {"podSelector": {"matchLabels": own}} in inbound["ingress"][0]["from"]
