@@ -156,7 +156,9 @@ def test_defaults_probes_security_and_service(helm: str) -> None:
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     assert pdb["spec"]["selector"]["matchLabels"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
-    assert {d["kind"] for d in docs} == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget"}
+    assert {d["kind"] for d in docs} == {
+        "ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "Pod",  # Pod: helm test
+    }  # fmt: skip
 
 
 def test_http_port_follows_the_config(helm: str) -> None:
@@ -425,7 +427,13 @@ def test_network_policies_are_optional_and_name_every_peer(helm: str) -> None:
     assert sidecar["policyTypes"] == ["Ingress", "Egress"]
     (scrape,) = sidecar["ingress"]
     assert scrape["ports"] == [{"port": 9108, "protocol": "TCP"}]
-    assert scrape["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    tester = {"app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/component": "test"}
+    assert scrape["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+        {"podSelector": {"matchLabels": tester}},
+    ]
+    test_pod = one(docs, "Pod")["metadata"]["labels"]
+    assert scrape["from"][1]["podSelector"]["matchLabels"].items() <= test_pod.items()
     egress = sidecar["egress"]
     assert egress[0]["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
     assert egress[1]["ports"] == [{"port": 9093, "protocol": "TCP"}]
