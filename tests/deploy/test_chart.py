@@ -444,3 +444,15 @@ def test_network_policies_are_optional_and_name_every_peer(helm: str) -> None:
     assert inbound["podSelector"]["matchLabels"] == vllm and inbound["policyTypes"] == ["Ingress"]
     own = deployment["spec"]["selector"]["matchLabels"]
     assert {"podSelector": {"matchLabels": own}} in inbound["ingress"][0]["from"]
+
+
+def test_chart_metadata_and_changelog() -> None:
+    """Chart.yaml names where the chart comes from and who keeps it; the chart's version has its
+    CHANGELOG section, whose entries the artifacthub.io/changes annotation repeats in order."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["home"].startswith("https://") and chart["sources"] and chart["maintainers"]
+    changelog = (CHART / "CHANGELOG.md").read_text()
+    section = changelog.split(f"\n## {chart['version']}\n", 1)[1].split("\n## ", 1)[0]
+    entries = re.findall(r"^- (\w+): (.*?)(?=^- |\Z)", section, re.MULTILINE | re.DOTALL)
+    changes = yaml.safe_load(chart["annotations"]["artifacthub.io/changes"])
+    assert [c["kind"] for c in changes] == [kind for kind, _ in entries]
