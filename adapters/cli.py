@@ -49,14 +49,26 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     sub = p.add_subparsers(dest="command", required=True)
 
     pr = sub.add_parser("prepare", help="datasets -> SFT pairs (train side) and test examples")
-    pr.add_argument("--datasets-dir", type=Path, default=None,
-                    help="where names are looked up (DIR/<name>/*.jsonl[.gz] or DIR/<name>.jsonl[.gz]); "
-                         "default: $SIDECAR_SHARED_DIR/datasets")
-    pr.add_argument("--datasets", type=_datasets, default=None,
-                    help="names, files, directories or NAME=SPEC sources (see adapters/README.md); "
-                         "default: every data set under --datasets-dir")
-    pr.add_argument("--max-input-bytes", type=positive_int, default=4 * 1024**3,
-                    help="refuse a source that inflates to more than this")
+    pr.add_argument(
+        "--datasets-dir",
+        type=Path,
+        default=None,
+        help="where names are looked up (DIR/<name>/*.jsonl[.gz] or DIR/<name>.jsonl[.gz]); "
+        "default: $SIDECAR_SHARED_DIR/datasets",
+    )
+    pr.add_argument(
+        "--datasets",
+        type=_datasets,
+        default=None,
+        help="names, files, directories or NAME=SPEC sources (see adapters/README.md); "
+        "default: every data set under --datasets-dir",
+    )
+    pr.add_argument(
+        "--max-input-bytes",
+        type=positive_int,
+        default=4 * 1024**3,
+        help="refuse a source that inflates to more than this",
+    )
     pr.add_argument("--out", type=Path, required=True)
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--max-train", type=positive_int, default=None, help="train conversations per dataset")
@@ -93,24 +105,48 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     tl.add_argument("--max-context-tokens", type=positive_int, default=512)
     tl.add_argument("--max-per-dataset", type=positive_int, default=None)
     tl.add_argument("--max-steps", type=positive_int, default=None)
-    tl.add_argument("--loss-on", choices=("target", "conversation", "decisions"), default="target",
-                    help="target: r_n + end tag only (paper); conversation: every token of the tagged text;"
-                         " decisions: only the ids after a finished message (next header or end tag)")
-    tl.add_argument("--decision-weight", type=float, default=1.0,
-                    help="loss weight of block-opening tokens and the end tag")
-    tl.add_argument("--decision-windows", type=non_negative_int, default=0,
-                    help="extra sequences per conversation ending at an earlier turn boundary (c_k + next id)")
-    tl.add_argument("--forgery-windows", type=non_negative_int, default=0,
-                    help="extra 'continue' sequences per conversation whose user message pastes the rest of "
-                         "the dialogue as text (fake structure must not read as a finished conversation)")
-    tl.add_argument("--max-message-tokens", type=positive_int, default=None,
-                    help="cap each message at this many ids, head and tail (serve with the same "
-                         "scoring.max_message_tokens)")
-    tl.add_argument("--window-stride", type=non_negative_int, default=0,
-                    help="train on windows as prompt_truncation 'stride' cuts them (serve with the same "
-                         "scoring.prompt_stride_tokens); 0: full-length tail windows")
-    tl.add_argument("--init-adapter", type=Path, default=None,
-                    help="continue training this adapter (its rank, alpha and target modules win)")
+    tl.add_argument(
+        "--loss-on",
+        choices=("target", "conversation", "decisions"),
+        default="target",
+        help="target: r_n + end tag only (paper); conversation: every token of the tagged text;"
+        " decisions: only the ids after a finished message (next header or end tag)",
+    )
+    tl.add_argument(
+        "--decision-weight", type=float, default=1.0, help="loss weight of block-opening tokens and the end tag"
+    )
+    tl.add_argument(
+        "--decision-windows",
+        type=non_negative_int,
+        default=0,
+        help="extra sequences per conversation ending at an earlier turn boundary (c_k + next id)",
+    )
+    tl.add_argument(
+        "--forgery-windows",
+        type=non_negative_int,
+        default=0,
+        help="extra 'continue' sequences per conversation whose user message pastes the rest of "
+        "the dialogue as text (fake structure must not read as a finished conversation)",
+    )
+    tl.add_argument(
+        "--max-message-tokens",
+        type=positive_int,
+        default=None,
+        help="cap each message at this many ids, head and tail (serve with the same scoring.max_message_tokens)",
+    )
+    tl.add_argument(
+        "--window-stride",
+        type=non_negative_int,
+        default=0,
+        help="train on windows as prompt_truncation 'stride' cuts them (serve with the same "
+        "scoring.prompt_stride_tokens); 0: full-length tail windows",
+    )
+    tl.add_argument(
+        "--init-adapter",
+        type=Path,
+        default=None,
+        help="continue training this adapter (its rank, alpha and target modules win)",
+    )
     tl.add_argument("--seed", type=int, default=0)
 
     ex = sub.add_parser("export", help="write an adapter directory vLLM loads with --lora-modules")
@@ -136,8 +172,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     va.add_argument("--datasets", type=_datasets, default=None)
     va.add_argument("--base", type=Path, required=True)
     va.add_argument("--adapter", type=Path, default=None, help="peft adapter dir; none = the base alone")
-    va.add_argument("--skip", type=non_negative_int, required=True,
-                    help="train conversations per dataset to skip: at least train-lora's --max-per-dataset")
+    va.add_argument(
+        "--skip",
+        type=non_negative_int,
+        required=True,
+        help="train conversations per dataset to skip: at least train-lora's --max-per-dataset",
+    )
     va.add_argument("--max-conversations", type=positive_int, default=None, help="per dataset")
     va.add_argument("--max-context-tokens", type=positive_int, default=512)
 
@@ -147,8 +187,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     et = sub.add_parser("add-end-tag", help="give a base model the end tag as a special token, rows initialised")
     et.add_argument("--base", type=Path, required=True)
     et.add_argument("--out", type=Path, required=True)
-    et.add_argument("--reuse-reserved", choices=("auto", "never"), default="auto",
-                    help="auto: rename an unused reserved special token of the base (no resize) when it has one")
+    et.add_argument(
+        "--reuse-reserved",
+        choices=("auto", "never"),
+        default="auto",
+        help="auto: rename an unused reserved special token of the base (no resize) when it has one",
+    )
     et.add_argument("--seed", type=int, default=0)
     return p
 
@@ -197,23 +241,57 @@ def _run(args: argparse.Namespace) -> object:
     if args.command == "train-base":
         from adapters.training.base import BaseModelSpec, train_base
 
-        spec = BaseModelSpec(args.vocab_size, args.hidden_size, args.layers, args.heads, args.intermediate_size,
-                             args.max_positions, args.window)
-        result = train_base(args.data, args.datasets, args.out, spec, epochs=args.epochs, batch_size=args.batch_size,
-                            learning_rate=args.lr, max_tokens=args.max_tokens, seed=args.seed,
-                            max_steps=args.max_steps)
+        spec = BaseModelSpec(
+            args.vocab_size,
+            args.hidden_size,
+            args.layers,
+            args.heads,
+            args.intermediate_size,
+            args.max_positions,
+            args.window,
+        )
+        result = train_base(
+            args.data,
+            args.datasets,
+            args.out,
+            spec,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            learning_rate=args.lr,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            max_steps=args.max_steps,
+        )
     elif args.command == "train-lora":
         from adapters.training.lora import train_lora
         from adapters.training.recipe import LoraRecipe
 
-        recipe = LoraRecipe(rank=args.rank, alpha=2 * args.rank, epochs=args.epochs, learning_rate=args.lr,
-                            batch_size=args.batch_size, max_context_tokens=args.max_context_tokens,
-                            seed=args.seed, loss_on=args.loss_on, decision_weight=args.decision_weight,
-                            decision_windows=args.decision_windows, forgery_windows=args.forgery_windows,
-                            max_message_tokens=args.max_message_tokens, window_stride=args.window_stride)
-        result = train_lora(args.data, args.datasets, args.base, args.out, recipe,
-                            with_end_tag=not args.no_end_tag, max_per_dataset=args.max_per_dataset,
-                            max_steps=args.max_steps, init_adapter=args.init_adapter)
+        recipe = LoraRecipe(
+            rank=args.rank,
+            alpha=2 * args.rank,
+            epochs=args.epochs,
+            learning_rate=args.lr,
+            batch_size=args.batch_size,
+            max_context_tokens=args.max_context_tokens,
+            seed=args.seed,
+            loss_on=args.loss_on,
+            decision_weight=args.decision_weight,
+            decision_windows=args.decision_windows,
+            forgery_windows=args.forgery_windows,
+            max_message_tokens=args.max_message_tokens,
+            window_stride=args.window_stride,
+        )
+        result = train_lora(
+            args.data,
+            args.datasets,
+            args.base,
+            args.out,
+            recipe,
+            with_end_tag=not args.no_end_tag,
+            max_per_dataset=args.max_per_dataset,
+            max_steps=args.max_steps,
+            init_adapter=args.init_adapter,
+        )
     elif args.command == "export":
         from adapters.serving.export import export_adapter
 
@@ -221,8 +299,15 @@ def _run(args: argparse.Namespace) -> object:
     elif args.command == "validate":
         from adapters.evaluation.validate import run_validate
 
-        result = run_validate(args.data, args.datasets, args.base, args.adapter, skip=args.skip,
-                              limit=args.max_conversations, max_context_tokens=args.max_context_tokens)
+        result = run_validate(
+            args.data,
+            args.datasets,
+            args.base,
+            args.adapter,
+            skip=args.skip,
+            limit=args.max_conversations,
+            max_context_tokens=args.max_context_tokens,
+        )
     else:
         from adapters.evaluation.evaluate import run_eval
 

@@ -132,9 +132,7 @@ def build_escalations(config: SidecarConfig, registry: CollectorRegistry, labels
         from sidecar.alerting.sinks import build_sinks
 
         sinks = build_sinks(config.alerting, config.kafka)
-    return Escalations(
-        config.alerting, sinks, AlertMetrics(registry), group=config.kafka.group_id, agent_label=labels
-    )
+    return Escalations(config.alerting, sinks, AlertMetrics(registry), group=config.kafka.group_id, agent_label=labels)
 
 
 async def run_app(

@@ -15,8 +15,9 @@ EXIT_USAGE = 2
 
 
 def _add_config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="YAML configuration file (also SIDECAR_CONFIG_FILE)")
+    p.add_argument(
+        "--config", type=Path, default=None, metavar="FILE", help="YAML configuration file (also SIDECAR_CONFIG_FILE)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -138,8 +138,14 @@ def target_start(messages: Sequence[Message]) -> int:
 
 def train_record_conversation(rec: dict[str, Any], dataset: str) -> Conversation:
     """A ``train.jsonl`` record of ``prepare`` back as a :class:`Conversation` (its own label kept)."""
-    return Conversation(rec["conversation_id"], dataset, rec["conversation_id"], messages_from_json(rec["messages"]),
-                        real_complete=rec.get("real_complete"), real_label_source=rec.get("real_label_source"))
+    return Conversation(
+        rec["conversation_id"],
+        dataset,
+        rec["conversation_id"],
+        messages_from_json(rec["messages"]),
+        real_complete=rec.get("real_complete"),
+        real_label_source=rec.get("real_label_source"),
+    )
 
 
 def in_truncation_protocol(real_complete: bool | None, real_label_source: str | None) -> bool:
@@ -158,8 +164,14 @@ def eval_examples(conv: Conversation, seed: int) -> list[Example]:
     k = truncation_turn(conv, seed)
     if k is not None:
         out.append(
-            Example(conv.conversation_id, conv.dataset, truncate(conv.messages, k), complete=False,
-                    kind="truncated", extra={"k": k, "n": count_turns(conv.messages)})
+            Example(
+                conv.conversation_id,
+                conv.dataset,
+                truncate(conv.messages, k),
+                complete=False,
+                kind="truncated",
+                extra={"k": k, "n": count_turns(conv.messages)},
+            )
         )
     return out
 
@@ -171,6 +183,11 @@ def messages_from_json(items: Sequence[Any]) -> tuple[Message, ...]:
 
 def stats_json(stats: ReadStats) -> dict[str, Any]:
     """What a manifest records of a read (no message text)."""
-    return {"files": stats.files, "lines": stats.lines, "bytes": stats.bytes,
-            "conversations": stats.records, "malformed": stats.malformed,
-            "malformed_reasons": dict(sorted(stats.skipped.items()))}
+    return {
+        "files": stats.files,
+        "lines": stats.lines,
+        "bytes": stats.bytes,
+        "conversations": stats.records,
+        "malformed": stats.malformed,
+        "malformed_reasons": dict(sorted(stats.skipped.items())),
+    }

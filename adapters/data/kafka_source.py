@@ -55,8 +55,9 @@ class KafkaSource:
     counts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_spec(cls, name: str, spec: str, *, agent: str | None, limits: ReadLimits,
-                  sidecar_config: Path | None) -> KafkaSource:
+    def from_spec(
+        cls, name: str, spec: str, *, agent: str | None, limits: ReadLimits, sidecar_config: Path | None
+    ) -> KafkaSource:
         rest = spec.removeprefix("kafka:")
         if rest.startswith("//"):
             parts = urlsplit(spec)
@@ -78,8 +79,14 @@ class KafkaSource:
 
     def describe(self) -> dict[str, Any]:
         servers = self.client.get("bootstrap_servers", "")
-        return {"name": self.name, "kind": "kafka", "location": f"{servers}/{self.topic}", "agent": self.agent,
-                **stats_json(self.stats), "conversations_skipped": dict(sorted(self.counts.items()))}
+        return {
+            "name": self.name,
+            "kind": "kafka",
+            "location": f"{servers}/{self.topic}",
+            "agent": self.agent,
+            **stats_json(self.stats),
+            "conversations_skipped": dict(sorted(self.counts.items())),
+        }
 
     def conversations(self) -> Iterator[Conversation]:
         pending = asyncio.run(self._read())
@@ -115,8 +122,13 @@ class KafkaSource:
         from aiokafka import AIOKafkaConsumer, TopicPartition
         from aiokafka.errors import KafkaError
 
-        consumer = AIOKafkaConsumer(**self.client, group_id=None, enable_auto_commit=False,
-                                    auto_offset_reset="earliest", max_partition_fetch_bytes=MAX_RECORD_BYTES)
+        consumer = AIOKafkaConsumer(
+            **self.client,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=MAX_RECORD_BYTES,
+        )
         where = f"{self.client.get('bootstrap_servers')}/{self.topic}"
         try:
             await consumer.start()
@@ -155,8 +167,10 @@ class KafkaSource:
         self.stats.lines += 1
         self.stats.bytes += len(rec.value or b"")
         if self.stats.bytes > self.limits.max_total_bytes:
-            raise DataError(f"Kafka topic {self.topic!r}: more than {self.limits.max_total_bytes} bytes of events; "
-                            "raise --max-input-bytes")
+            raise DataError(
+                f"Kafka topic {self.topic!r}: more than {self.limits.max_total_bytes} bytes of events; "
+                "raise --max-input-bytes"
+            )
         try:
             ev = decode_event(rec.value, rec.key, max_bytes=MAX_RECORD_BYTES)
         except DecodeError as exc:

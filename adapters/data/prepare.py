@@ -37,7 +37,7 @@ def sft_pair(conv: Conversation, with_end_tag: bool = True) -> dict[str, str]:
     ts = target_start(conv.messages)
     full = render_text(conv.messages, forbidden=SPECIAL_TOKENS)
     head = render_text(conv.messages[:ts], forbidden=SPECIAL_TOKENS)
-    return {"input": head, "target": full[len(head):] + (END_TAG if with_end_tag else "")}
+    return {"input": head, "target": full[len(head) :] + (END_TAG if with_end_tag else "")}
 
 
 def _sample(convs: list[Conversation], cap: int | None, salt: str) -> list[Conversation]:
@@ -72,28 +72,55 @@ def prepare_dataset(
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "train.jsonl").open("w") as fh:
         for c in train_s:
-            rec = {"conversation_id": c.conversation_id, "dataset": name,
-                   "messages": [message_json(m) for m in c.messages],
-                   "target_start": target_start(c.messages), "real_complete": c.real_complete,
-                   "real_label_source": c.real_label_source, **sft_pair(c)}
+            rec = {
+                "conversation_id": c.conversation_id,
+                "dataset": name,
+                "messages": [message_json(m) for m in c.messages],
+                "target_start": target_start(c.messages),
+                "real_complete": c.real_complete,
+                "real_label_source": c.real_label_source,
+                **sft_pair(c),
+            }
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
     n_ex = 0
     with (out_dir / "test.jsonl").open("w") as fh:
         for c in test_s:
             for ex in eval_examples(c, seed):
-                rec = _example_json(ex.conversation_id, name, ex.messages, complete=ex.complete, kind=ex.kind,
-                                    label_source="protocol", extra=ex.extra)
+                rec = _example_json(
+                    ex.conversation_id,
+                    name,
+                    ex.messages,
+                    complete=ex.complete,
+                    kind=ex.kind,
+                    label_source="protocol",
+                    extra=ex.extra,
+                )
                 fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 n_ex += 1
     real_s = _real_label_sample(test, max_test)
     with (out_dir / "test_real.jsonl").open("w") as fh:
         for c in real_s:
-            rec = _example_json(c.conversation_id, name, c.messages, complete=bool(c.real_complete), kind="full",
-                                label_source=c.real_label_source or "", extra={})
+            rec = _example_json(
+                c.conversation_id,
+                name,
+                c.messages,
+                complete=bool(c.real_complete),
+                kind="full",
+                label_source=c.real_label_source or "",
+                extra={},
+            )
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    return {"dataset": name, "source": source.describe(), "without_user_message": no_user, "train_side": len(train),
-            "test_side": len(test), "train_used": len(train_s), "test_conversations_used": len(test_s),
-            "test_examples": n_ex, "real_label_examples": len(real_s)}
+    return {
+        "dataset": name,
+        "source": source.describe(),
+        "without_user_message": no_user,
+        "train_side": len(train),
+        "test_side": len(test),
+        "train_used": len(train_s),
+        "test_conversations_used": len(test_s),
+        "test_examples": n_ex,
+        "real_label_examples": len(real_s),
+    }
 
 
 def _real_label_sample(test: list[Conversation], cap: int | None) -> list[Conversation]:
@@ -105,25 +132,46 @@ def _real_label_sample(test: list[Conversation], cap: int | None) -> list[Conver
     return neg + pos
 
 
-def _example_json(cid: str, dataset: str, messages: Sequence[Any], *, complete: bool, kind: str,
-                  label_source: str, extra: dict[str, Any]) -> dict[str, Any]:
-    return {"conversation_id": cid, "dataset": dataset, "complete": complete, "kind": kind,
-            "label_source": label_source, "extra": extra,
-            "messages": [message_json(m) for m in messages]}
+def _example_json(
+    cid: str,
+    dataset: str,
+    messages: Sequence[Any],
+    *,
+    complete: bool,
+    kind: str,
+    label_source: str,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "conversation_id": cid,
+        "dataset": dataset,
+        "complete": complete,
+        "kind": kind,
+        "label_source": label_source,
+        "extra": extra,
+        "messages": [message_json(m) for m in messages],
+    }
 
 
-def prepare(sources: Sequence[Source], out_dir: Path, *, seed: int,
-            max_train: int | None, max_test: int | None) -> dict[str, Any]:
+def prepare(
+    sources: Sequence[Source], out_dir: Path, *, seed: int, max_train: int | None, max_test: int | None
+) -> dict[str, Any]:
     """Prepare every source under ``out_dir/<name>/`` and write the manifest."""
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise DataError(f"two sources share a name: {names}; name them with NAME=SPEC")
     stats = []
     for source in sources:
-        stats.append(prepare_dataset(source, out_dir / source.name, seed=seed, max_train=max_train,
-                                     max_test=max_test))
+        stats.append(prepare_dataset(source, out_dir / source.name, seed=seed, max_train=max_train, max_test=max_test))
         log.info("adapters.prepare.dataset", **{k: v for k, v in stats[-1].items() if k != "source"})
-    write_manifest(out_dir, "prepared-data", seed=seed, max_train_per_dataset=max_train,
-                   max_test_conversations_per_dataset=max_test, datasets=stats,
-                   split="sha256(split_group) 50/50", truncation="k ~ U{1..n-1}, seeded by conversation id")
+    write_manifest(
+        out_dir,
+        "prepared-data",
+        seed=seed,
+        max_train_per_dataset=max_train,
+        max_test_conversations_per_dataset=max_test,
+        datasets=stats,
+        split="sha256(split_group) 50/50",
+        truncation="k ~ U{1..n-1}, seeded by conversation id",
+    )
     return {"datasets": stats}

@@ -44,8 +44,19 @@ SUFFIXES = (".jsonl", ".jsonl.gz")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
-__all__ = ["FileSource", "ReadLimits", "ReadStats", "Source", "check_name", "discover", "explain", "open_source",
-           "read_jsonl", "source_limits", "stats_json"]
+__all__ = [
+    "FileSource",
+    "ReadLimits",
+    "ReadStats",
+    "Source",
+    "check_name",
+    "discover",
+    "explain",
+    "open_source",
+    "read_jsonl",
+    "source_limits",
+    "stats_json",
+]
 
 
 def source_limits(max_total_bytes: int, max_records: int | None = None) -> ReadLimits:
@@ -56,8 +67,10 @@ def source_limits(max_total_bytes: int, max_records: int | None = None) -> ReadL
 def explain(stats: ReadStats, name: str, without_user: int) -> str:
     """Why ``name`` gave no usable conversation, in one line."""
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats.skipped.items()))
-    return (f"data set {name!r} has no usable conversation: {stats.lines} lines read, {stats.malformed} "
-            f"malformed{f' ({reasons})' if reasons else ''}, {without_user} without a user message")
+    return (
+        f"data set {name!r} has no usable conversation: {stats.lines} lines read, {stats.malformed} "
+        f"malformed{f' ({reasons})' if reasons else ''}, {without_user} without a user message"
+    )
 
 
 class Source(Protocol):
@@ -89,8 +102,13 @@ def read_jsonl(path: Path, stats: ReadStats, limits: ReadLimits | None = None) -
     except DatasetError as exc:
         raise DataError(str(exc)) from exc
     if stats.malformed:
-        log.info("adapters.data.skipped", path=path.name, bad_records=stats.malformed,
-                 reasons=dict(sorted(stats.skipped.items())), first=stats.problems)
+        log.info(
+            "adapters.data.skipped",
+            path=path.name,
+            bad_records=stats.malformed,
+            reasons=dict(sorted(stats.skipped.items())),
+            first=stats.problems,
+        )
 
 
 def read_conversations(path: Path) -> Iterator[Conversation]:
@@ -117,8 +135,13 @@ class FileSource:
                 return
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": "jsonl", "location": self.location,
-                "files": {p.name: file_sha256(p) for p in self.paths}, **stats_json(self.stats)}
+        return {
+            "name": self.name,
+            "kind": "jsonl",
+            "location": self.location,
+            "files": {p.name: file_sha256(p) for p in self.paths},
+            **stats_json(self.stats),
+        }
 
 
 def _dir_files(directory: Path) -> list[Path]:
@@ -133,8 +156,10 @@ def _from_directory(name: str, directory: Path, agent: str | None, limits: ReadL
         subdirs = sorted(p.name for p in directory.iterdir() if p.is_dir() and _dir_files(p))
         if subdirs:
             hint = ", ".join(subdirs[:10])
-            raise DataError(f"{directory} holds one directory per agent ({hint}): name one with --agent "
-                            "or point at the agent's directory")
+            raise DataError(
+                f"{directory} holds one directory per agent ({hint}): name one with --agent "
+                "or point at the agent's directory"
+            )
         raise DataError(f"{directory} holds no *.jsonl or *.jsonl.gz file")
     return FileSource(name, tuple(files), str(directory), limits)
 
@@ -162,8 +187,14 @@ def check_name(name: str) -> str:
     return name
 
 
-def open_source(spec: str, *, datasets_dir: Path | None = None, agent: str | None = None,
-                limits: ReadLimits | None = None, sidecar_config: Path | None = None) -> Source:
+def open_source(
+    spec: str,
+    *,
+    datasets_dir: Path | None = None,
+    agent: str | None = None,
+    limits: ReadLimits | None = None,
+    sidecar_config: Path | None = None,
+) -> Source:
     """The source a spec names (see the module docstring); raises :class:`DataError` if none."""
     limits = limits or source_limits(MAX_TOTAL_BYTES)
     explicit, target = _split_name(spec.strip())
@@ -172,8 +203,9 @@ def open_source(spec: str, *, datasets_dir: Path | None = None, agent: str | Non
     if target.startswith("kafka:"):
         from adapters.data.kafka_source import KafkaSource
 
-        return KafkaSource.from_spec(check_name(explicit or agent or "kafka"), target, agent=agent, limits=limits,
-                                     sidecar_config=sidecar_config)
+        return KafkaSource.from_spec(
+            check_name(explicit or agent or "kafka"), target, agent=agent, limits=limits, sidecar_config=sidecar_config
+        )
     path = Path(target)
     candidates = [path]
     if datasets_dir is not None and not path.is_absolute():
@@ -185,8 +217,10 @@ def open_source(spec: str, *, datasets_dir: Path | None = None, agent: str | Non
             name = check_name(explicit or _default_name(candidate))
             return FileSource(name, (candidate,), str(candidate), limits)
     where = f" (looked in {datasets_dir})" if datasets_dir is not None else ""
-    raise DataError(f"no conversations at {target!r}{where}: give a JSONL file, a directory of them, "
-                    "a training store, or kafka://HOST:PORT/TOPIC")
+    raise DataError(
+        f"no conversations at {target!r}{where}: give a JSONL file, a directory of them, "
+        "a training store, or kafka://HOST:PORT/TOPIC"
+    )
 
 
 def discover(datasets_dir: Path) -> list[str]:

@@ -40,9 +40,7 @@ END_TAG = "<|end_of_conversation|>"
 SPECIAL_TOKENS: tuple[str, ...] = (BOS, EOS, PAD, END_TAG)
 
 
-def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str] = SPECIAL_TOKENS
-) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str] = SPECIAL_TOKENS) -> Tokenizer:
     """Train a byte-level BPE on ``texts``; the special tokens get the first ids, in order."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

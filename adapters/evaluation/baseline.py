@@ -37,7 +37,9 @@ def train_classifier(data_dir: Path, datasets: Sequence[str], seed: int) -> tupl
                 for ex in eval_examples(train_record_conversation(rec, name), seed + 1):
                     texts.append(tail_text(ex.messages))
                     labels.append(int(ex.complete))
-    clf = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, max_features=50000),
-                        LogisticRegression(max_iter=2000, C=4.0))
+    clf = make_pipeline(
+        TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, max_features=50000),
+        LogisticRegression(max_iter=2000, C=4.0),
+    )
     clf.fit(texts, labels)
     return clf, len(texts)

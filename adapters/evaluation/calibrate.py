@@ -71,8 +71,9 @@ def candidate_thresholds(p_end: Sequence[float]) -> list[float]:
     return [math.exp(c) for c in cuts]
 
 
-def choose_threshold(labels: Sequence[bool], p_end: Sequence[float],
-                     objective: Objective = "balanced_accuracy") -> float | None:
+def choose_threshold(
+    labels: Sequence[bool], p_end: Sequence[float], objective: Objective = "balanced_accuracy"
+) -> float | None:
     """The threshold maximising ``objective`` (None when one class is missing)."""
     if all(labels) or not any(labels):
         return None
@@ -100,8 +101,9 @@ def _folds(examples: Sequence[ScoredExample], k: int) -> list[list[int]]:
     return [f for f in out if f]
 
 
-def cross_validated_predictions(examples: Sequence[ScoredExample], folds: int,
-                                objective: Objective) -> list[bool] | None:
+def cross_validated_predictions(
+    examples: Sequence[ScoredExample], folds: int, objective: Objective
+) -> list[bool] | None:
     """Each example judged by the threshold chosen on the other folds (None if a fold cannot choose)."""
     predicted: list[bool | None] = [None] * len(examples)
     parts = _folds(examples, folds)
@@ -118,17 +120,23 @@ def cross_validated_predictions(examples: Sequence[ScoredExample], folds: int,
     return [bool(p) for p in predicted]
 
 
-def calibrate(examples: Sequence[ScoredExample], *, objective: Objective = "balanced_accuracy",
-              folds: int = 5) -> dict[str, Any]:
+def calibrate(
+    examples: Sequence[ScoredExample], *, objective: Objective = "balanced_accuracy", folds: int = 5
+) -> dict[str, Any]:
     """Both rules on the protocol examples, the chosen threshold and the recommended rule."""
     labels = [e.complete for e in examples]
     p_end = [e.p_end for e in examples]
     greedy = binary_metrics(labels, [e.greedy_end for e in examples], p_end)
     threshold = choose_threshold(labels, p_end, objective)
-    out: dict[str, Any] = {"objective": objective, "examples": len(examples),
-                           "conversations": len({e.conversation_id for e in examples}),
-                           "greedy": greedy, "p_end_threshold": threshold,
-                           "threshold_in_sample": None, "threshold_cross_validated": None}
+    out: dict[str, Any] = {
+        "objective": objective,
+        "examples": len(examples),
+        "conversations": len({e.conversation_id for e in examples}),
+        "greedy": greedy,
+        "p_end_threshold": threshold,
+        "threshold_in_sample": None,
+        "threshold_cross_validated": None,
+    }
     cv_f1: float | None = None
     if threshold is not None:
         out["threshold_in_sample"] = binary_metrics(labels, [p >= threshold for p in p_end], p_end)

@@ -39,17 +39,35 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 def _metrics(labels: list[bool], predicted: list[bool], p_end: list[float]) -> dict[str, Any]:
     m = binary_metrics(labels, predicted, p_end)
-    return {"f1_complete": m["complete"]["f1"], "f1_incomplete": m["incomplete"]["f1"], "accuracy": m["accuracy"],
-            "roc_auc": m["roc_auc"], "precision_complete": m["complete"]["precision"],
-            "recall_complete": m["complete"]["recall"], "n": m["n"]}
+    return {
+        "f1_complete": m["complete"]["f1"],
+        "f1_incomplete": m["incomplete"]["f1"],
+        "accuracy": m["accuracy"],
+        "roc_auc": m["roc_auc"],
+        "precision_complete": m["complete"]["precision"],
+        "recall_complete": m["complete"]["recall"],
+        "n": m["n"],
+    }
 
 
-def score_test_side(base: Path, adapter: Path, data: Path, dataset: str, *, ctx: int, cap: int | None,
-                    exclude: frozenset[str] = frozenset()) -> tuple[list[bool], list[float], list[bool]]:
-    examples = [(e["conversation_id"], list(messages_from_json(e["messages"])), bool(e["complete"]))
-                for e in _lines(data / dataset / "test.jsonl") if e["conversation_id"] not in exclude]
-    scored = score_examples(base, adapter, examples, max_context_tokens=ctx, max_message_tokens=cap,
-                            desc=f"test {dataset}")
+def score_test_side(
+    base: Path,
+    adapter: Path,
+    data: Path,
+    dataset: str,
+    *,
+    ctx: int,
+    cap: int | None,
+    exclude: frozenset[str] = frozenset(),
+) -> tuple[list[bool], list[float], list[bool]]:
+    examples = [
+        (e["conversation_id"], list(messages_from_json(e["messages"])), bool(e["complete"]))
+        for e in _lines(data / dataset / "test.jsonl")
+        if e["conversation_id"] not in exclude
+    ]
+    scored = score_examples(
+        base, adapter, examples, max_context_tokens=ctx, max_message_tokens=cap, desc=f"test {dataset}"
+    )
     return [s.complete for s in scored], [s.p_end for s in scored], [s.greedy_end for s in scored]
 
 
@@ -60,32 +78,51 @@ def point(args: argparse.Namespace, dataset: str, n: int) -> dict[str, Any]:
     ctx, cap = recipe.max_context_tokens, recipe.max_message_tokens
     if n == 0:
         labels, p_end, greedy = score_test_side(args.base, loo, args.data, dataset, ctx=ctx, cap=cap)
-        return {"n": 0, "greedy": _metrics(labels, greedy, p_end), "threshold": None, "onboarding_seconds": 0.0,
-                **_elsewhere(args, loo, ctx, cap)}
+        return {
+            "n": 0,
+            "greedy": _metrics(labels, greedy, p_end),
+            "threshold": None,
+            "onboarding_seconds": 0.0,
+            **_elsewhere(args, loo, ctx, cap),
+        }
     work = args.work / dataset / str(n)
     work.mkdir(parents=True, exist_ok=True)
     train = _lines(args.data / dataset / "train.jsonl")[:n]
     with (work / "input.jsonl").open("w", encoding="utf-8") as fh:  # messages only: what an agent's traffic gives
         for rec in train:
             fh.write(json.dumps({"conversation_id": rec["conversation_id"], "turns": rec["messages"]}) + "\n")
-    spec = OnboardSpec(agent=dataset, sources=(str(work / "input.jsonl"),), out=work / "onboard", base=args.base,
-                       init_adapter=loo, recipe=recipe, min_steps=args.min_steps, min_conversations=20,
-                       mix=tuple(args.mix))
+    spec = OnboardSpec(
+        agent=dataset,
+        sources=(str(work / "input.jsonl"),),
+        out=work / "onboard",
+        base=args.base,
+        init_adapter=loo,
+        recipe=recipe,
+        min_steps=args.min_steps,
+        min_conversations=20,
+        mix=tuple(args.mix),
+    )
     t0 = time.monotonic()
     result = run_onboarding(spec)
     seconds = round(time.monotonic() - t0, 1)
-    labels, p_end, greedy = score_test_side(args.base, work / "onboard" / "trained", args.data, dataset,
-                                            ctx=ctx, cap=cap)
+    labels, p_end, greedy = score_test_side(
+        args.base, work / "onboard" / "trained", args.data, dataset, ctx=ctx, cap=cap
+    )
     steps = json.loads((work / "onboard" / "report.json").read_text())
     threshold = steps["validation"]["after"]["p_end_threshold"]  # calibrated, whichever rule was recommended
     return {
-        "n": len(train), "greedy": _metrics(labels, greedy, p_end),
+        "n": len(train),
+        "greedy": _metrics(labels, greedy, p_end),
         "threshold": None if threshold is None else _metrics(labels, [p >= threshold for p in p_end], p_end),
-        "p_end_threshold": threshold, "recommended_rule": steps["validation"]["after"]["recommended_rule"],
-        "validation_f1": result["validation_f1"], "onboarding_seconds": seconds,
+        "p_end_threshold": threshold,
+        "recommended_rule": steps["validation"]["after"]["recommended_rule"],
+        "validation_f1": result["validation_f1"],
+        "onboarding_seconds": seconds,
         "step_seconds": {k: v["seconds"] for k, v in steps["timings"].items()},
-        "train_steps": steps["train"]["steps"], "held_back": steps["split"]["holdback"],
-        "trained_on": steps["split"]["train"], "general_mixed_in": steps["split"]["general"],
+        "train_steps": steps["train"]["steps"],
+        "held_back": steps["split"]["holdback"],
+        "trained_on": steps["split"]["train"],
+        "general_mixed_in": steps["split"]["general"],
         **_elsewhere(args, work / "onboard" / "trained", ctx, cap),
     }
 
@@ -102,8 +139,7 @@ def _elsewhere(args: argparse.Namespace, adapter: Path, ctx: int, cap: int | Non
     mixed = frozenset(c.conversation_id for s in specs for c in open_source(s).conversations())
     out = {}
     for other in args.also_test:
-        labels, p_end, greedy = score_test_side(args.base, adapter, args.data, other, ctx=ctx, cap=cap,
-                                                exclude=mixed)
+        labels, p_end, greedy = score_test_side(args.base, adapter, args.data, other, ctx=ctx, cap=cap, exclude=mixed)
         out[other] = _metrics(labels, greedy, p_end)
     return {"elsewhere": out, "elsewhere_excluded_as_mixed": len(mixed)}
 
@@ -112,8 +148,11 @@ def ceilings(report: Path) -> dict[str, float]:
     if not report.exists():
         return {}
     doc = json.loads(report.read_text())
-    return {d: r["protocol"]["supervised_classifier"]["complete"]["f1"] for d, r in doc["results"].items()
-            if "protocol" in r}
+    return {
+        d: r["protocol"]["supervised_classifier"]["complete"]["f1"]
+        for d, r in doc["results"].items()
+        if "protocol" in r
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -153,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decision-windows", type=int, default=None, help="default: the adapter's own recipe")
     p.add_argument("--lr", type=float, default=None, help="default: the adapter's own recipe")
     p.add_argument("--mix", action="append", default=[], help="general conversations mixed into onboarding")
-    p.add_argument("--also-test", type=lambda v: v.split(","), default=[],
-                   help="also score on these data sets' test sides (forgetting; demo-sample and mixed "
-                        "conversations left out)")
+    p.add_argument(
+        "--also-test",
+        type=lambda v: v.split(","),
+        default=[],
+        help="also score on these data sets' test sides (forgetting; demo-sample and mixed conversations left out)",
+    )
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ceilings", type=Path, default=Path(__file__).resolve().parents[1] / "reports" / "report.json")

@@ -19,8 +19,11 @@ def _f(x: float | None) -> str:
 
 
 def table(doc: dict[str, Any], datasets: list[str], sizes: list[int]) -> list[str]:
-    lines = ["| data set | N (used) | F1(c) greedy | F1(i) greedy | F1(c) threshold | F1(i) threshold | ROC-AUC | "
-             "rule chosen | validation F1 | onboarding s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| data set | N (used) | F1(c) greedy | F1(i) greedy | F1(c) threshold | F1(i) threshold | ROC-AUC | "
+        "rule chosen | validation F1 | onboarding s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for d in datasets:
         for size in sizes:
             p = doc["points"].get(f"{d}/{size}")
@@ -31,7 +34,8 @@ def table(doc: dict[str, Any], datasets: list[str], sizes: list[int]) -> list[st
                 f"| {d} | {size} ({p['n']}) | {_f(g['f1_complete'])} | {_f(g['f1_incomplete'])} | "
                 f"{_f(t['f1_complete'] if t else None)} | {_f(t['f1_incomplete'] if t else None)} | "
                 f"{_f(g['roc_auc'])} | {p.get('recommended_rule', '-')} | {_f(p.get('validation_f1'))} | "
-                f"{p['onboarding_seconds']} |")
+                f"{p['onboarding_seconds']} |"
+            )
     return lines
 
 
@@ -40,17 +44,31 @@ def verdicts(doc: dict[str, Any], datasets: list[str]) -> list[str]:
     out = []
     for d in datasets:
         ceiling = doc["ceilings"].get(d)
-        pts = [p for k, p in doc["points"].items() if k.startswith(f"{d}/") and "skipped" not in p
-               and 0 < p["n"] <= TARGET_N]
-        chosen = [(p["n"], (p["threshold"] if p.get("recommended_rule") == "threshold" and p["threshold"]
-                            else p["greedy"])["f1_complete"]) for p in pts]
+        pts = [
+            p
+            for k, p in doc["points"].items()
+            if k.startswith(f"{d}/") and "skipped" not in p and 0 < p["n"] <= TARGET_N
+        ]
+        chosen = [
+            (
+                p["n"],
+                (p["threshold"] if p.get("recommended_rule") == "threshold" and p["threshold"] else p["greedy"])[
+                    "f1_complete"
+                ],
+            )
+            for p in pts
+        ]
         first = min((n for n, f1 in chosen if f1 >= TARGET_F1), default=None)
         best = max((f1 for _, f1 in chosen), default=None)
         applies = ceiling is not None and ceiling >= TARGET_F1
         status = ("met" if first is not None else "MISSED") if applies else "no target (ceiling < 0.90)"
         out.append(f"| {d} | {_f(ceiling)} | {_f(best)} | {first if first is not None else '-'} | {status} |")
-    return ["| data set | supervised ceiling | best F1(c) with N <= 200, rule chosen by onboarding | "
-            "smallest N reaching 0.90 | target |", "|---|---|---|---|---|", *out]
+    return [
+        "| data set | supervised ceiling | best F1(c) with N <= 200, rule chosen by onboarding | "
+        "smallest N reaching 0.90 | target |",
+        "|---|---|---|---|---|",
+        *out,
+    ]
 
 
 def elsewhere(doc: dict[str, Any]) -> list[str]:
@@ -59,8 +77,10 @@ def elsewhere(doc: dict[str, Any]) -> list[str]:
     if not pts:
         return []
     others = sorted({d for _, p in pts for d in p["elsewhere"]})
-    lines = ["| point | general mixed in | " + " | ".join(f"{d} F1(c) / AUC" for d in others) + " |",
-             "|---|---|" + "---|" * len(others)]
+    lines = [
+        "| point | general mixed in | " + " | ".join(f"{d} F1(c) / AUC" for d in others) + " |",
+        "|---|---|" + "---|" * len(others),
+    ]
     for k, p in pts:
         cells = [f"{_f(p['elsewhere'][d]['f1_complete'])} / {_f(p['elsewhere'][d]['roc_auc'])}" for d in others]
         lines.append(f"| {k} | {p.get('general_mixed_in', 0)} | " + " | ".join(cells) + " |")
@@ -93,18 +113,32 @@ def plot(doc: dict[str, Any], datasets: list[str], sizes: list[int], path: Path)
 
 
 def write_curve_report(out: Path, doc: dict[str, Any], datasets: list[str], sizes: list[int]) -> None:
-    walls = [p["onboarding_seconds"] for k, p in doc["points"].items()
-             if "skipped" not in p and p["n"] > 0 and k.endswith(f"/{TARGET_N}")]
+    walls = [
+        p["onboarding_seconds"]
+        for k, p in doc["points"].items()
+        if "skipped" not in p and p["n"] > 0 and k.endswith(f"/{TARGET_N}")
+    ]
     lines = [
-        "# Onboarding a new agent: leave-one-data-set-out learning curve", "",
-        f"Command: `{doc['command']}`", "",
+        "# Onboarding a new agent: leave-one-data-set-out learning curve",
+        "",
+        f"Command: `{doc['command']}`",
+        "",
         "For each data set D, an adapter never trained on D is onboarded (`adapters onboard`'s pipeline) on N of "
         "D's train-side conversations, unlabelled, and scored on D's test side (truncation protocol, both rules; "
-        "threshold = the one calibrated on the onboarding's own held-back slice).", "",
-        *verdicts(doc, datasets), "",
+        "threshold = the one calibrated on the onboarding's own held-back slice).",
+        "",
+        *verdicts(doc, datasets),
+        "",
         f"Onboarding wall time for N = {TARGET_N}: "
-        + (", ".join(f"{w:.0f} s" for w in walls) if walls else "-") + " (target <= 300 s).", "",
-        *table(doc, datasets, sizes), "", *elsewhere(doc), "", "![learning curve](curve.png)", "",
+        + (", ".join(f"{w:.0f} s" for w in walls) if walls else "-")
+        + " (target <= 300 s).",
+        "",
+        *table(doc, datasets, sizes),
+        "",
+        *elsewhere(doc),
+        "",
+        "![learning curve](curve.png)",
+        "",
     ]
     (out / "curve.md").write_text("\n".join(lines))
     plot(doc, datasets, sizes, out / "curve.png")

@@ -68,15 +68,17 @@ def sidecar_config(
     base_url: str, base: Path, max_context_tokens: int, max_message_tokens: int | None = None
 ) -> ScoringConfig:
     """The scoring config the demo runs the bundled adapter with, pointed at ``base_url``."""
-    return ScoringConfig.model_validate({
-        "enabled": True,
-        "vllm": {"base_url": base_url, "base_model": "base", "max_concurrency": CONCURRENCY},
-        "tokenizer": {"model_dir": str(base)},
-        "max_prompt_tokens": max_context_tokens,
-        "max_message_tokens": max_message_tokens,
-        "prompt_truncation": "tail",
-        "completion": {"max_remaining_tokens": 1},
-    })
+    return ScoringConfig.model_validate(
+        {
+            "enabled": True,
+            "vllm": {"base_url": base_url, "base_model": "base", "max_concurrency": CONCURRENCY},
+            "tokenizer": {"model_dir": str(base)},
+            "max_prompt_tokens": max_context_tokens,
+            "max_message_tokens": max_message_tokens,
+            "prompt_truncation": "tail",
+            "completion": {"max_remaining_tokens": 1},
+        }
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +98,13 @@ class SidecarScoring:
     def __init__(self, config: ScoringConfig, turn_id: int) -> None:
         self.scorers = Scorers.from_config(config, CollectorRegistry())
         # P(next token = TURN) read the same exact way, for the tag-free rule.
-        self._turn = CompletionScorer(self.scorers.client, end_ids=[turn_id], stop_token_ids=[turn_id],
-                                      max_remaining_tokens=1, decode=self.scorers.tokenizer.decode)
+        self._turn = CompletionScorer(
+            self.scorers.client,
+            end_ids=[turn_id],
+            stop_token_ids=[turn_id],
+            max_remaining_tokens=1,
+            decode=self.scorers.tokenizer.decode,
+        )
 
     def prompt(self, messages: Sequence[Message]) -> list[int]:
         return self.scorers.prompts.completion_adapter(messages)[0]
@@ -109,8 +116,9 @@ class SidecarScoring:
         t = await self._turn.score(model, self.prompt(messages))
         return Verdict(v.complete, v.p_end, v.p_end_method, t.complete, t.p_end)
 
-    async def score_all(self, examples: Sequence[Sequence[Message]], model: str, *, turn_rule: bool,
-                        desc: str) -> list[Verdict]:
+    async def score_all(
+        self, examples: Sequence[Sequence[Message]], model: str, *, turn_rule: bool, desc: str
+    ) -> list[Verdict]:
         bar = tqdm(total=len(examples), desc=desc, unit="ex", leave=False)
 
         async def one(msgs: Sequence[Message]) -> Verdict:
@@ -174,36 +182,48 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
                     labels = [bool(e["complete"]) for e in exs]
                     res: dict[str, Any] = {"label_source": exs[0]["label_source"]}
                     for method, served in models.items():
-                        outs = await scoring.score_all(msgs, served, turn_rule=method != "adapter",
-                                                       desc=f"{name}/{set_name}/{method}")
+                        outs = await scoring.score_all(
+                            msgs, served, turn_rule=method != "adapter", desc=f"{name}/{set_name}/{method}"
+                        )
                         methods_used.update(o.p_end_method for o in outs)
                         p_end = [o.p_end for o in outs]
                         res[method] = binary_metrics(labels, [o.complete for o in outs], p_end)
                         if method != "adapter":
                             res[f"{method}_turn_rule"] = binary_metrics(
-                                labels, [not o.greedy_is_turn for o in outs], [1 - (o.p_turn or 0.0) for o in outs])
+                                labels, [not o.greedy_is_turn for o in outs], [1 - (o.p_turn or 0.0) for o in outs]
+                            )
                         else:
                             hist[f"{name}/{set_name}"] = {
                                 "complete": [p for p, y in zip(p_end, labels, strict=True) if y],
-                                "incomplete": [p for p, y in zip(p_end, labels, strict=True) if not y]}
+                                "incomplete": [p for p, y in zip(p_end, labels, strict=True) if not y],
+                            }
                     proba = clf.predict_proba([tail_text(m) for m in msgs])[:, 1]
                     res["supervised_classifier"] = binary_metrics(labels, [p >= 0.5 for p in proba], list(proba))
                     results.setdefault(name, {})[set_name] = res
-                    log.info("adapters.eval.done", dataset=name, set=set_name,
-                             f1_complete=res["adapter"]["complete"]["f1"])
+                    log.info(
+                        "adapters.eval.done", dataset=name, set=set_name, f1_complete=res["adapter"]["complete"]["f1"]
+                    )
         finally:
             await scoring.scorers.stop()
     wall = round(time.monotonic() - t0, 1)
     command = args.command_line or "adapters " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    meta = {"command": command, "wall_seconds": wall, "max_context_tokens": args.max_context_tokens,
-            "max_message_tokens": message_cap(args.adapter),
-            "end_tag_id": end_id, "turn_token_id": turn_id, "classifier_train_examples": clf_n,
-            "scored_by": "sidecar.scoring.scorers.Scorers.score_adapter (prompt_truncation: tail)",
-            "p_end_methods": dict(methods_used),
-            "adapter_sha256": file_sha256(args.adapter / "adapter_model.safetensors"),
-            "base_sha256": file_sha256(args.base / "model.safetensors"),
-            "prepared_manifest_sha256": file_sha256(args.data / "manifest.json")}
+    meta = {
+        "command": command,
+        "wall_seconds": wall,
+        "max_context_tokens": args.max_context_tokens,
+        "max_message_tokens": message_cap(args.adapter),
+        "end_tag_id": end_id,
+        "turn_token_id": turn_id,
+        "classifier_train_examples": clf_n,
+        "scored_by": "sidecar.scoring.scorers.Scorers.score_adapter (prompt_truncation: tail)",
+        "p_end_methods": dict(methods_used),
+        "adapter_sha256": file_sha256(args.adapter / "adapter_model.safetensors"),
+        "base_sha256": file_sha256(args.base / "model.safetensors"),
+        "prepared_manifest_sha256": file_sha256(args.data / "manifest.json"),
+    }
     write_report(out_dir, results, hist, meta)
     write_manifest(out_dir, "evaluation-report", **meta)
-    return {"wall_seconds": wall, "f1_complete": {d: {s: r[s]["adapter"]["complete"]["f1"] for s in r}
-                                                  for d, r in results.items()}}
+    return {
+        "wall_seconds": wall,
+        "f1_complete": {d: {s: r[s]["adapter"]["complete"]["f1"] for s in r} for d, r in results.items()},
+    }

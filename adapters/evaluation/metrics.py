@@ -33,8 +33,9 @@ def roc_auc(labels: Sequence[bool], scores: Sequence[float]) -> float | None:
     return round((rank_sum - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)), 4)
 
 
-def binary_metrics(labels: Sequence[bool], predicted: Sequence[bool],
-                   scores: Sequence[float] | None = None) -> dict[str, Any]:
+def binary_metrics(
+    labels: Sequence[bool], predicted: Sequence[bool], scores: Sequence[float] | None = None
+) -> dict[str, Any]:
     """Metrics with "complete" (True) as the positive class, and the same for "incomplete"."""
     if len(labels) != len(predicted):
         raise ValueError("labels and predictions differ in length")
@@ -50,6 +51,10 @@ def binary_metrics(labels: Sequence[bool], predicted: Sequence[bool],
         "complete": _scores(tp, fp, fn),
         "incomplete": _scores(tn, fn, fp),
         "roc_auc": roc_auc(labels, scores) if scores is not None else None,
-        "confusion": {"true_complete_pred_complete": tp, "true_complete_pred_incomplete": fn,
-                      "true_incomplete_pred_complete": fp, "true_incomplete_pred_incomplete": tn},
+        "confusion": {
+            "true_complete_pred_complete": tp,
+            "true_complete_pred_incomplete": fn,
+            "true_incomplete_pred_complete": fp,
+            "true_incomplete_pred_incomplete": tn,
+        },
     }

@@ -11,8 +11,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-METHOD_ORDER = ("adapter", "no_end_tag", "no_end_tag_turn_rule", "base_only", "base_only_turn_rule",
-                "supervised_classifier")
+METHOD_ORDER = (
+    "adapter",
+    "no_end_tag",
+    "no_end_tag_turn_rule",
+    "base_only",
+    "base_only_turn_rule",
+    "supervised_classifier",
+)
 METHOD_TITLES = {
     "adapter": "LoRA adapter + end tag (ours)",
     "no_end_tag": "adapter trained without end tag",
@@ -28,33 +34,51 @@ def _fmt(x: float | None) -> str:
 
 
 def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
-    lines = ["# Completion detection: held-out evaluation (paper Table 2 protocol)", "",
-             f"Command: `{meta['command']}`  ", f"Wall time: {meta['wall_seconds']} s; context: last "
-             f"{meta['max_context_tokens']} tokens. Scored by the sidecar's own path ({meta.get('scored_by', '-')}); "
-             f"P(end) read exactly, by method: {meta.get('p_end_methods', {})}. Positive class for P/R/F1 columns "
-             f"marked (c) = complete, (i) = incomplete.", ""]
+    lines = [
+        "# Completion detection: held-out evaluation (paper Table 2 protocol)",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Wall time: {meta['wall_seconds']} s; context: last "
+        f"{meta['max_context_tokens']} tokens. Scored by the sidecar's own path ({meta.get('scored_by', '-')}); "
+        f"P(end) read exactly, by method: {meta.get('p_end_methods', {})}. Positive class for P/R/F1 columns "
+        f"marked (c) = complete, (i) = incomplete.",
+        "",
+    ]
     for name, sets in results.items():
         for set_name, res in sets.items():
-            title = ("full = complete, truncated copy = incomplete" if set_name == "protocol"
-                     else f"real labels: {res['label_source']}")
+            title = (
+                "full = complete, truncated copy = incomplete"
+                if set_name == "protocol"
+                else f"real labels: {res['label_source']}"
+            )
             n = res["adapter"]["n"]
-            lines += [f"## {name}: {title} (n={n}, complete={res['adapter']['n_complete']})", "",
-                      "| method | acc | P(c) | R(c) | F1(c) | P(i) | R(i) | F1(i) | ROC-AUC |",
-                      "|---|---|---|---|---|---|---|---|---|"]
+            lines += [
+                f"## {name}: {title} (n={n}, complete={res['adapter']['n_complete']})",
+                "",
+                "| method | acc | P(c) | R(c) | F1(c) | P(i) | R(i) | F1(i) | ROC-AUC |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
             for m in METHOD_ORDER:
                 if m not in res:
                     continue
                 r = res[m]
                 c, i = r["complete"], r["incomplete"]
-                lines.append(f"| {METHOD_TITLES[m]} | {_fmt(r['accuracy'])} | {_fmt(c['precision'])} | "
-                             f"{_fmt(c['recall'])} | {_fmt(c['f1'])} | {_fmt(i['precision'])} | "
-                             f"{_fmt(i['recall'])} | {_fmt(i['f1'])} | {_fmt(r['roc_auc'])} |")
+                lines.append(
+                    f"| {METHOD_TITLES[m]} | {_fmt(r['accuracy'])} | {_fmt(c['precision'])} | "
+                    f"{_fmt(c['recall'])} | {_fmt(c['f1'])} | {_fmt(i['precision'])} | "
+                    f"{_fmt(i['recall'])} | {_fmt(i['f1'])} | {_fmt(r['roc_auc'])} |"
+                )
             cm = res["adapter"]["confusion"]
-            lines += ["", "Adapter confusion matrix (rows true, columns predicted):", "",
-                      "| | pred complete | pred incomplete |", "|---|---|---|",
-                      f"| complete | {cm['true_complete_pred_complete']} | {cm['true_complete_pred_incomplete']} |",
-                      f"| incomplete | {cm['true_incomplete_pred_complete']} | "
-                      f"{cm['true_incomplete_pred_incomplete']} |", ""]
+            lines += [
+                "",
+                "Adapter confusion matrix (rows true, columns predicted):",
+                "",
+                "| | pred complete | pred incomplete |",
+                "|---|---|---|",
+                f"| complete | {cm['true_complete_pred_complete']} | {cm['true_complete_pred_incomplete']} |",
+                f"| incomplete | {cm['true_incomplete_pred_complete']} | {cm['true_incomplete_pred_incomplete']} |",
+                "",
+            ]
     lines += ["![P(end) histograms](pend_hist.png)", ""]
     return "\n".join(lines)
 
@@ -72,15 +96,16 @@ def plot(hist: dict[str, dict[str, list[float]]], path: Path) -> None:
         ax.set_xlabel("P(end tag | c)")
         ax.set_yscale("log")
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
-def write_report(out_dir: Path, results: dict[str, Any], hist: dict[str, dict[str, list[float]]],
-                 meta: dict[str, Any]) -> None:
+def write_report(
+    out_dir: Path, results: dict[str, Any], hist: dict[str, dict[str, list[float]]], meta: dict[str, Any]
+) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     (out_dir / "report.md").write_text(markdown(results, meta))

@@ -29,8 +29,9 @@ from adapters.serving.manifest import message_cap
 log = structlog.get_logger()
 
 
-def validation_examples(data_dir: Path, dataset: str, *, skip: int, limit: int | None,
-                        seed: int = 0) -> list[tuple[list[Any], bool]]:
+def validation_examples(
+    data_dir: Path, dataset: str, *, skip: int, limit: int | None, seed: int = 0
+) -> list[tuple[list[Any], bool]]:
     """(messages, complete) pairs from train-side conversations ``skip..skip+limit`` of ``dataset``."""
     out: list[tuple[list[Any], bool]] = []
     with (data_dir / dataset / "train.jsonl").open() as fh:
@@ -66,19 +67,20 @@ def load_model(base: Path, adapter: Path | None) -> Any:
 
 
 @torch.inference_mode()
-def next_token_probs(model: Any, prompts: Sequence[list[int]], want: int, pad_id: int, *,
-                     batch_size: int = 16, desc: str = "score") -> tuple[list[float], list[int]]:
+def next_token_probs(
+    model: Any, prompts: Sequence[list[int]], want: int, pad_id: int, *, batch_size: int = 16, desc: str = "score"
+) -> tuple[list[float], list[int]]:
     """P(``want``) and the greedy id at the position after each prompt (right-padded batches)."""
     probs: list[float] = []
     greedy: list[int] = []
     for b in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", leave=False):
-        batch = prompts[b:b + batch_size]
+        batch = prompts[b : b + batch_size]
         width = max(len(p) for p in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for i, prompt in enumerate(batch):
-            ids[i, :len(prompt)] = torch.tensor(prompt)
-            mask[i, :len(prompt)] = 1
+            ids[i, : len(prompt)] = torch.tensor(prompt)
+            mask[i, : len(prompt)] = 1
         device = next(model.parameters()).device
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
         last = torch.tensor([len(p) - 1 for p in batch], device=device)
@@ -89,8 +91,16 @@ def next_token_probs(model: Any, prompts: Sequence[list[int]], want: int, pad_id
     return probs, greedy
 
 
-def run_validate(data_dir: Path, datasets: Sequence[str], base: Path, adapter: Path | None, *,
-                 skip: int, limit: int | None, max_context_tokens: int) -> dict[str, Any]:
+def run_validate(
+    data_dir: Path,
+    datasets: Sequence[str],
+    base: Path,
+    adapter: Path | None,
+    *,
+    skip: int,
+    limit: int | None,
+    max_context_tokens: int,
+) -> dict[str, Any]:
     tok = load_tokenizer(base)
     end_id, pad_id = special_id(tok, END_TAG), padding_id(tok, base)
     model = load_model(base, adapter)
@@ -104,8 +114,18 @@ def run_validate(data_dir: Path, datasets: Sequence[str], base: Path, adapter: P
         labels = [y for _, y in exs]
         p_end, greedy = next_token_probs(model, prompts, end_id, pad_id, desc=name)
         m = binary_metrics(labels, [g == end_id for g in greedy], p_end)
-        out[name] = {"examples": len(exs), "f1_complete": m["complete"]["f1"], "roc_auc": m["roc_auc"],
-                     "accuracy": m["accuracy"], "confusion": m["confusion"]}
+        out[name] = {
+            "examples": len(exs),
+            "f1_complete": m["complete"]["f1"],
+            "roc_auc": m["roc_auc"],
+            "accuracy": m["accuracy"],
+            "confusion": m["confusion"],
+        }
         log.info("adapters.validate.done", dataset=name, **out[name])
-    return {"adapter": str(adapter) if adapter else None, "skip": skip, "limit": limit,
-            "max_context_tokens": max_context_tokens, "results": out}
+    return {
+        "adapter": str(adapter) if adapter else None,
+        "skip": skip,
+        "limit": limit,
+        "max_context_tokens": max_context_tokens,
+        "results": out,
+    }

@@ -16,8 +16,15 @@ from adapters.training.recipe import LoraRecipe
 from sidecar.tools.argtypes import positive_int
 
 # The committed adapter's recipe (adapters/README.md), for a fresh adapter on a given base.
-COMMITTED_RECIPE = LoraRecipe(epochs=2.0, learning_rate=2e-3, max_context_tokens=256, loss_on="conversation",
-                              decision_weight=20.0, decision_windows=1, forgery_windows=1)
+COMMITTED_RECIPE = LoraRecipe(
+    epochs=2.0,
+    learning_rate=2e-3,
+    max_context_tokens=256,
+    loss_on="conversation",
+    decision_weight=20.0,
+    decision_windows=1,
+    forgery_windows=1,
+)
 # Onboarding trains on few conversations: three decision windows per conversation instead of the
 # initial adapter's one, two epochs. Chosen on SGD's validation slice (train-side conversations no
 # learning-curve point uses, 200 for onboarding): P(end) ranked better (ROC-AUC 0.974 against
@@ -25,10 +32,18 @@ COMMITTED_RECIPE = LoraRecipe(epochs=2.0, learning_rate=2e-3, max_context_tokens
 # (a development measurement with ``python -m adapters.evaluation.curve``; its report is not committed).
 # Flags override these.
 ONBOARD_DEFAULTS: dict[str, Any] = {"decision_windows": 3, "epochs": 2.0}
-_RECIPE_FLAGS = {"epochs": "epochs", "lr": "learning_rate", "max_context_tokens": "max_context_tokens",
-                 "max_message_tokens": "max_message_tokens", "decision_windows": "decision_windows",
-                 "forgery_windows": "forgery_windows", "batch_size": "batch_size", "rank": "rank",
-                 "loss_on": "loss_on", "decision_weight": "decision_weight"}
+_RECIPE_FLAGS = {
+    "epochs": "epochs",
+    "lr": "learning_rate",
+    "max_context_tokens": "max_context_tokens",
+    "max_message_tokens": "max_message_tokens",
+    "decision_windows": "decision_windows",
+    "forgery_windows": "forgery_windows",
+    "batch_size": "batch_size",
+    "rank": "rank",
+    "loss_on": "loss_on",
+    "decision_weight": "decision_weight",
+}
 
 
 def _agent(value: str) -> str:
@@ -62,36 +77,68 @@ def _ratio(value: str) -> float:
 def add_parser(sub: Any) -> None:
     on = sub.add_parser("onboard", help="an agent's conversations -> a validated, served, routed adapter")
     on.add_argument("--agent", type=_agent, required=True, help="the agent's name (as in the events)")
-    on.add_argument("--source", action="append", required=True, metavar="SPEC",
-                    help="JSONL file or directory, training store (DIR or DIR/<agent>), kafka://HOST:PORT/TOPIC "
-                         "or kafka: with --sidecar-config; repeat to combine")
+    on.add_argument(
+        "--source",
+        action="append",
+        required=True,
+        metavar="SPEC",
+        help="JSONL file or directory, training store (DIR or DIR/<agent>), kafka://HOST:PORT/TOPIC "
+        "or kafka: with --sidecar-config; repeat to combine",
+    )
     on.add_argument("--out", type=Path, required=True, help="working directory: steps, adapter, report")
     on.add_argument("--base", type=Path, default=None, help="base model dir (default: the bundled base)")
-    on.add_argument("--init-adapter", default=None,
-                    help="adapter to continue, or 'none' for a fresh one (default: the bundled adapter when "
-                         "--base is not given, else none)")
-    for flag, typ in (("epochs", float), ("lr", float), ("max-context-tokens", positive_int),
-                      ("max-message-tokens", positive_int), ("decision-windows", int), ("forgery-windows", int),
-                      ("batch-size", positive_int), ("rank", positive_int)):
+    on.add_argument(
+        "--init-adapter",
+        default=None,
+        help="adapter to continue, or 'none' for a fresh one (default: the bundled adapter when "
+        "--base is not given, else none)",
+    )
+    for flag, typ in (
+        ("epochs", float),
+        ("lr", float),
+        ("max-context-tokens", positive_int),
+        ("max-message-tokens", positive_int),
+        ("decision-windows", int),
+        ("forgery-windows", int),
+        ("batch-size", positive_int),
+        ("rank", positive_int),
+    ):
         default = ONBOARD_DEFAULTS.get(_RECIPE_FLAGS[flag.replace("-", "_")], "the initial adapter's own recipe")
         on.add_argument(f"--{flag}", type=typ, default=None, help=f"default: {default}")
-    on.add_argument("--loss-on", choices=("target", "conversation", "decisions"), default=None,
-                    help="default: the initial adapter's own recipe (see train-lora)")
+    on.add_argument(
+        "--loss-on",
+        choices=("target", "conversation", "decisions"),
+        default=None,
+        help="default: the initial adapter's own recipe (see train-lora)",
+    )
     on.add_argument("--decision-weight", type=float, default=None, help="default: the initial adapter's own recipe")
     on.add_argument("--min-steps", type=int, default=40, help="at least this many optimiser steps")
-    on.add_argument("--mix", action="append", default=[], metavar="SPEC",
-                    help="general conversations mixed into training against forgetting ('demo-sample': the "
-                         "demo's bundled conversations)")
+    on.add_argument(
+        "--mix",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="general conversations mixed into training against forgetting ('demo-sample': the "
+        "demo's bundled conversations)",
+    )
     on.add_argument("--mix-ratio", type=_ratio, default=1.0, help="general conversations per agent conversation")
     on.add_argument("--max-conversations", type=positive_int, default=5000, help="keep the most recent N")
     on.add_argument("--min-conversations", type=positive_int, default=20)
     on.add_argument("--holdback-fraction", type=_fraction, default=0.2)
     on.add_argument("--min-holdback", type=positive_int, default=10)
-    on.add_argument("--objective", choices=OBJECTIVES, default="balanced_accuracy",
-                    help="what the P(end) threshold maximises on the held-back slice")
+    on.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="balanced_accuracy",
+        help="what the P(end) threshold maximises on the held-back slice",
+    )
     on.add_argument("--rule", choices=("auto", "greedy", "threshold"), default="auto")
-    on.add_argument("--min-validation-f1", type=_unit, default=0.8,
-                    help="below it the adapter is recorded (and reported by the sidecar) as untrusted")
+    on.add_argument(
+        "--min-validation-f1",
+        type=_unit,
+        default=0.8,
+        help="below it the adapter is recorded (and reported by the sidecar) as untrusted",
+    )
     on.add_argument("--served-name", type=_agent, default=None, help="default: <agent>-<8 hex of the weights>")
     on.add_argument("--base-model-name", default="base", help="vLLM's --served-model-name of the base")
     on.add_argument("--vllm-url", default=None, help="load the adapter into this running vLLM")
@@ -100,9 +147,13 @@ def add_parser(sub: Any) -> None:
     on.add_argument("--sidecar-config", type=Path, default=None, help="Kafka settings for a kafka: source")
     on.add_argument("--max-input-bytes", type=positive_int, default=4 * 1024**3)
     on.add_argument("--seed", type=int, default=0)
-    on.add_argument("--threads", type=positive_int, default=None,
-                    help="CPU threads for training and validation (default: torch's, one per core); on a CPU "
-                         "shared with other jobs 1 is often several times faster")
+    on.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads for training and validation (default: torch's, one per core); on a CPU "
+        "shared with other jobs 1 is often several times faster",
+    )
 
 
 def inherited_recipe(init_adapter: Path | None, overrides: dict[str, Any] | None = None) -> LoraRecipe:
@@ -112,8 +163,7 @@ def inherited_recipe(init_adapter: Path | None, overrides: dict[str, Any] | None
         manifest = read_manifest(init_adapter)
         hyper = manifest.get("training", manifest).get("hyperparameters", {})
         known = {f.name for f in fields(LoraRecipe)}
-        values: dict[str, Any] = {k: (tuple(v) if k == "target_modules" else v)
-                                  for k, v in hyper.items() if k in known}
+        values: dict[str, Any] = {k: (tuple(v) if k == "target_modules" else v) for k, v in hyper.items() if k in known}
         recipe = replace(recipe, **values)
     return replace(recipe, **(overrides or {}))
 
@@ -133,12 +183,28 @@ def spec_from_args(args: argparse.Namespace) -> OnboardSpec:
         if path is not None and not path.is_dir():
             raise DataError(f"no {what} at {path}")
     return OnboardSpec(
-        agent=args.agent, sources=tuple(args.source), out=args.out, base=base, init_adapter=init,
+        agent=args.agent,
+        sources=tuple(args.source),
+        out=args.out,
+        base=base,
+        init_adapter=init,
         recipe=inherited_recipe(init, {**ONBOARD_DEFAULTS, **_given(args)}),
-        min_steps=args.min_steps, mix=tuple(args.mix), mix_ratio=args.mix_ratio,
-        max_conversations=args.max_conversations, min_conversations=args.min_conversations,
-        holdback_fraction=args.holdback_fraction, min_holdback=args.min_holdback, objective=args.objective,
-        rule=args.rule, min_validation_f1=args.min_validation_f1, served_name=args.served_name,
-        base_model_name=args.base_model_name, vllm_url=args.vllm_url, served_path=args.served_path,
-        config=args.config, sidecar_config=args.sidecar_config, max_input_bytes=args.max_input_bytes, seed=args.seed,
+        min_steps=args.min_steps,
+        mix=tuple(args.mix),
+        mix_ratio=args.mix_ratio,
+        max_conversations=args.max_conversations,
+        min_conversations=args.min_conversations,
+        holdback_fraction=args.holdback_fraction,
+        min_holdback=args.min_holdback,
+        objective=args.objective,
+        rule=args.rule,
+        min_validation_f1=args.min_validation_f1,
+        served_name=args.served_name,
+        base_model_name=args.base_model_name,
+        vllm_url=args.vllm_url,
+        served_path=args.served_path,
+        config=args.config,
+        sidecar_config=args.sidecar_config,
+        max_input_bytes=args.max_input_bytes,
+        seed=args.seed,
     )

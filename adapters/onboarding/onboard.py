@@ -139,8 +139,11 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _conv_json(c: Conversation) -> dict[str, Any]:
-    return {"conversation_id": c.conversation_id, "split_group": c.split_group,
-            "messages": [message_json(m) for m in c.messages]}
+    return {
+        "conversation_id": c.conversation_id,
+        "split_group": c.split_group,
+        "messages": [message_json(m) for m in c.messages],
+    }
 
 
 def collect(spec: OnboardSpec, specs: tuple[str, ...], *, cap: int, dest: Path) -> dict[str, Any]:
@@ -160,13 +163,18 @@ def collect(spec: OnboardSpec, specs: tuple[str, ...], *, cap: int, dest: Path) 
         described.append(source.describe())
     kept = list(by_id.values())[-cap:]
     if not kept:
-        stats = "; ".join(f"{d['name']}: {d.get('lines', 0)} lines, {d.get('malformed', 0)} malformed"
-                          for d in described)
+        stats = "; ".join(
+            f"{d['name']}: {d.get('lines', 0)} lines, {d.get('malformed', 0)} malformed" for d in described
+        )
         raise DataError(f"no usable conversation ({stats}; {no_user} without a user message)")
     _write_jsonl(dest, [_conv_json(c) for c in kept])
-    return {"sources": described, "conversations": len(kept), "without_user_message": no_user,
-            "duplicates_dropped": sum(d.get("conversations", 0) for d in described) - no_user - len(by_id),
-            "dropped_over_cap": len(by_id) - len(kept)}
+    return {
+        "sources": described,
+        "conversations": len(kept),
+        "without_user_message": no_user,
+        "duplicates_dropped": sum(d.get("conversations", 0) for d in described) - no_user - len(by_id),
+        "dropped_over_cap": len(by_id) - len(kept),
+    }
 
 
 def holdback_count(n: int, fraction: float, minimum: int) -> int:
@@ -181,7 +189,8 @@ def split(spec: OnboardSpec, data: Path) -> dict[str, Any]:
     if n < spec.min_conversations or n - n_hold < spec.min_holdback:
         raise DataError(
             f"too few conversations for agent {spec.agent!r}: {n} usable; onboarding needs at least "
-            f"{max(spec.min_conversations, 2 * spec.min_holdback)} ({n_hold} are held back to validate)")
+            f"{max(spec.min_conversations, 2 * spec.min_holdback)} ({n_hold} are held back to validate)"
+        )
     groups = sorted({c["split_group"] for c in convs}, key=lambda g: stable_unit(g, f"holdback:{spec.seed}"))
     held_groups: set[str] = set()
     held = 0
@@ -195,15 +204,23 @@ def split(spec: OnboardSpec, data: Path) -> dict[str, Any]:
     _write_jsonl(data / "holdback.jsonl", hold)
     _write_jsonl(data / "prepared" / spec.agent / "train.jsonl", [_train_record(c) for c in train])
     mixed = _mix(spec, data / "prepared" / MIX_NAME / "train.jsonl", round(len(train) * spec.mix_ratio))
-    write_manifest(data / "prepared", "onboarding-data", agent=spec.agent, train=len(train), holdback=len(hold),
-                   general=mixed)
-    return {"train": len(train), "holdback": len(hold), "general": mixed,
-            "datasets": [spec.agent, *([MIX_NAME] if mixed else [])]}
+    write_manifest(
+        data / "prepared", "onboarding-data", agent=spec.agent, train=len(train), holdback=len(hold), general=mixed
+    )
+    return {
+        "train": len(train),
+        "holdback": len(hold),
+        "general": mixed,
+        "datasets": [spec.agent, *([MIX_NAME] if mixed else [])],
+    }
 
 
 def _train_record(c: dict[str, Any]) -> dict[str, Any]:
-    return {"conversation_id": c["conversation_id"], "messages": c["messages"],
-            "target_start": target_start(messages_from_json(c["messages"]))}
+    return {
+        "conversation_id": c["conversation_id"],
+        "messages": c["messages"],
+        "target_start": target_start(messages_from_json(c["messages"])),
+    }
 
 
 def _mix(spec: OnboardSpec, dest: Path, want: int) -> int:
@@ -211,8 +228,7 @@ def _mix(spec: OnboardSpec, dest: Path, want: int) -> int:
         return 0
     pool: list[Conversation] = []
     for s in spec.mix:
-        source = open_source(demo_sample() if s == "demo-sample" else s,
-                             limits=source_limits(spec.max_input_bytes))
+        source = open_source(demo_sample() if s == "demo-sample" else s, limits=source_limits(spec.max_input_bytes))
         pool.extend(c for c in source.conversations() if any(m.role == "user" for m in c.messages))
     pool.sort(key=lambda c: stable_unit(c.conversation_id, f"mix:{spec.seed}"))
     _write_jsonl(dest, [_train_record(_conv_json(c)) for c in pool[:want]])
@@ -234,8 +250,15 @@ def train(spec: OnboardSpec, data: Path, dest: Path, datasets: list[str], finger
         shutil.rmtree(dest)  # a checkpoint of other data must not be resumed
     dest.mkdir(parents=True, exist_ok=True)
     marker.write_text(fingerprint)
-    return train_lora(data / "prepared", datasets, spec.base, dest, spec.recipe, init_adapter=spec.init_adapter,
-                      min_steps=spec.min_steps)
+    return train_lora(
+        data / "prepared",
+        datasets,
+        spec.base,
+        dest,
+        spec.recipe,
+        init_adapter=spec.init_adapter,
+        min_steps=spec.min_steps,
+    )
 
 
 def protocol_examples(data: Path, seed: int) -> list[tuple[str, list[Any], bool]]:
@@ -247,9 +270,15 @@ def protocol_examples(data: Path, seed: int) -> list[tuple[str, list[Any], bool]
     return out
 
 
-def score_examples(base: Path, adapter: Path | None, examples: list[tuple[str, list[Any], bool]], *,
-                   max_context_tokens: int, max_message_tokens: int | None,
-                   desc: str = "score") -> list[ScoredExample]:
+def score_examples(
+    base: Path,
+    adapter: Path | None,
+    examples: list[tuple[str, list[Any], bool]],
+    *,
+    max_context_tokens: int,
+    max_message_tokens: int | None,
+    desc: str = "score",
+) -> list[ScoredExample]:
     """P(end) and the greedy verdict of every example, in-process on the same ids the sidecar sends."""
     from adapters.data.tokenizer import END_TAG, encode_messages, load_tokenizer, padding_id, special_id
     from adapters.evaluation.validate import load_model, next_token_probs
@@ -259,34 +288,47 @@ def score_examples(base: Path, adapter: Path | None, examples: list[tuple[str, l
     model = load_model(base, adapter)
     prompts = [encode_messages(tok, m, max_message_tokens)[-max_context_tokens:] for _, m, _ in examples]
     probs, greedy = next_token_probs(model, prompts, end_id, padding_id(tok, base), desc=desc)
-    return [ScoredExample(cid, y, p, g == end_id)
-            for (cid, _, y), p, g in zip(examples, probs, greedy, strict=True)]
+    return [ScoredExample(cid, y, p, g == end_id) for (cid, _, y), p, g in zip(examples, probs, greedy, strict=True)]
 
 
 def validate(spec: OnboardSpec, data: Path, trained: Path) -> dict[str, Any]:
     examples = protocol_examples(data, spec.seed)
     if not any(not y for _, _, y in examples):
-        raise DataError("the held-back conversations all have a single user turn: the truncation protocol "
-                        "needs conversations of at least two turns")
+        raise DataError(
+            "the held-back conversations all have a single user turn: the truncation protocol "
+            "needs conversations of at least two turns"
+        )
     ctx, cap = spec.recipe.max_context_tokens, spec.recipe.max_message_tokens
-    after = score_examples(spec.base, trained, examples, max_context_tokens=ctx, max_message_tokens=cap,
-                           desc="validate after")
-    before = score_examples(spec.base, spec.init_adapter, examples, max_context_tokens=ctx, max_message_tokens=cap,
-                            desc="validate before")
+    after = score_examples(
+        spec.base, trained, examples, max_context_tokens=ctx, max_message_tokens=cap, desc="validate after"
+    )
+    before = score_examples(
+        spec.base, spec.init_adapter, examples, max_context_tokens=ctx, max_message_tokens=cap, desc="validate before"
+    )
     cal = calibrate(after, objective=spec.objective, folds=spec.folds)
     rule = cal["recommended_rule"] if spec.rule == "auto" else spec.rule
     if rule == "threshold" and cal["p_end_threshold"] is None:
         raise DataError("no threshold can be calibrated: the held-back slice has one class only")
-    f1 = cal["greedy"]["complete"]["f1"] if rule == "greedy" else (
-        (cal["threshold_cross_validated"] or cal["threshold_in_sample"])["complete"]["f1"])
-    return {"after": cal, "before": calibrate(before, objective=spec.objective, folds=spec.folds),
-            "rule": rule, "p_end_threshold": cal["p_end_threshold"] if rule == "threshold" else None,
-            "validation_f1": f1, "min_validation_f1": spec.min_validation_f1,
-            "trusted": f1 >= spec.min_validation_f1,
-            "p_end": {"complete": [e.p_end for e in after if e.complete],
-                      "incomplete": [e.p_end for e in after if not e.complete],
-                      "before_complete": [e.p_end for e in before if e.complete],
-                      "before_incomplete": [e.p_end for e in before if not e.complete]}}
+    f1 = (
+        cal["greedy"]["complete"]["f1"]
+        if rule == "greedy"
+        else ((cal["threshold_cross_validated"] or cal["threshold_in_sample"])["complete"]["f1"])
+    )
+    return {
+        "after": cal,
+        "before": calibrate(before, objective=spec.objective, folds=spec.folds),
+        "rule": rule,
+        "p_end_threshold": cal["p_end_threshold"] if rule == "threshold" else None,
+        "validation_f1": f1,
+        "min_validation_f1": spec.min_validation_f1,
+        "trusted": f1 >= spec.min_validation_f1,
+        "p_end": {
+            "complete": [e.p_end for e in after if e.complete],
+            "incomplete": [e.p_end for e in after if not e.complete],
+            "before_complete": [e.p_end for e in before if e.complete],
+            "before_incomplete": [e.p_end for e in before if not e.complete],
+        },
+    }
 
 
 def export(spec: OnboardSpec, trained: Path, dest: Path, validation: dict[str, Any]) -> dict[str, Any]:
@@ -302,13 +344,22 @@ def export(spec: OnboardSpec, trained: Path, dest: Path, validation: dict[str, A
     for k in ("code_commit", "python"):
         manifest.pop(k, None)
     after = validation["after"]
-    write_manifest(dest, "exported-lora-adapter", **manifest, agent=spec.agent, served_name=name,
-                   validation={"protocol": "truncation (held-back slice of the agent's own conversations)",
-                               "f1_complete": validation["validation_f1"],
-                               **{k: validation[k] for k in keep if k != "validation_f1"},
-                               "examples": after["examples"], "conversations": after["conversations"],
-                               "greedy_f1_complete": after["greedy"]["complete"]["f1"],
-                               "roc_auc": after["greedy"]["roc_auc"]})
+    write_manifest(
+        dest,
+        "exported-lora-adapter",
+        **manifest,
+        agent=spec.agent,
+        served_name=name,
+        validation={
+            "protocol": "truncation (held-back slice of the agent's own conversations)",
+            "f1_complete": validation["validation_f1"],
+            **{k: validation[k] for k in keep if k != "validation_f1"},
+            "examples": after["examples"],
+            "conversations": after["conversations"],
+            "greedy_f1_complete": after["greedy"]["complete"]["f1"],
+            "roc_auc": after["greedy"]["roc_auc"],
+        },
+    )
     return {**exported, "served_name": name, "adapter_dir": str(dest), "adapter_sha256": sha}
 
 
@@ -331,40 +382,90 @@ def run_onboarding(spec: OnboardSpec) -> dict[str, Any]:
         return result
 
     try:
-        col = step("collect", ("agent", "sources", "max_conversations", "max_input_bytes"),
-                   lambda: collect(spec, spec.sources, cap=spec.max_conversations, dest=data / "conversations.jsonl"))
-        spl = step("split", ("min_conversations", "holdback_fraction", "min_holdback", "mix", "mix_ratio", "seed"),
-                   lambda: split(spec, data))
-        trn = step("train", ("base", "init_adapter", "recipe", "min_steps"),
-                   lambda: train(spec, data, out / "trained", spl["datasets"], steps.fingerprint()))
-        val = step("validate", ("objective", "folds", "rule", "min_validation_f1"),
-                   lambda: validate(spec, data, out / "trained"))
-        exp = step("export", ("served_name", "base_model_name"),
-                   lambda: export(spec, out / "trained", out / "adapter", val))
+        col = step(
+            "collect",
+            ("agent", "sources", "max_conversations", "max_input_bytes"),
+            lambda: collect(spec, spec.sources, cap=spec.max_conversations, dest=data / "conversations.jsonl"),
+        )
+        spl = step(
+            "split",
+            ("min_conversations", "holdback_fraction", "min_holdback", "mix", "mix_ratio", "seed"),
+            lambda: split(spec, data),
+        )
+        trn = step(
+            "train",
+            ("base", "init_adapter", "recipe", "min_steps"),
+            lambda: train(spec, data, out / "trained", spl["datasets"], steps.fingerprint()),
+        )
+        val = step(
+            "validate",
+            ("objective", "folds", "rule", "min_validation_f1"),
+            lambda: validate(spec, data, out / "trained"),
+        )
+        exp = step(
+            "export", ("served_name", "base_model_name"), lambda: export(spec, out / "trained", out / "adapter", val)
+        )
         # With a server named, loading is redone on every run (idempotent, and the server may have
         # restarted since); without one, the restart command is all there is to give.
         fields["serve_attempt"] = time.time() if spec.vllm_url else None
-        srv = step("serve", ("vllm_url", "served_path", "serve_attempt"),
-                   lambda: serving.serve(vllm_url=spec.vllm_url, name=exp["served_name"], adapter_dir=out / "adapter",
-                                         served_path=spec.served_path, base=spec.base,
-                                         base_model_name=spec.base_model_name, rank=spec.recipe.rank))
+        srv = step(
+            "serve",
+            ("vllm_url", "served_path", "serve_attempt"),
+            lambda: serving.serve(
+                vllm_url=spec.vllm_url,
+                name=exp["served_name"],
+                adapter_dir=out / "adapter",
+                served_path=spec.served_path,
+                base=spec.base,
+                base_model_name=spec.base_model_name,
+                rank=spec.recipe.rank,
+            ),
+        )
         snippet = serving.routing(spec.agent, exp["served_name"], val, asdict(spec.recipe))
         rte = step("route", ("config",), lambda: serving.write_routing(out, snippet, spec.config))
         doc: dict[str, Any] = {
-            "agent": spec.agent, "collect": col, "split": spl, "train": trn, "validation": val, "export": exp,
-            "serve": srv, "route": {**rte, "routing": snippet}, "timings": steps.timings,
+            "agent": spec.agent,
+            "collect": col,
+            "split": spl,
+            "train": trn,
+            "validation": val,
+            "export": exp,
+            "serve": srv,
+            "route": {**rte, "routing": snippet},
+            "timings": steps.timings,
         }
         doc["wall_seconds"] = round(time.monotonic() - t0, 1)
         files = onboard_report.write(out, doc)
         bar.update(1)
     finally:
         bar.close()
-    write_manifest(out, "onboarding", spec=fields, steps=steps.timings, fingerprint=steps.fingerprint(),
-                   adapter=exp, validation={k: val[k] for k in ("rule", "p_end_threshold", "validation_f1", "trusted")})
+    write_manifest(
+        out,
+        "onboarding",
+        spec=fields,
+        steps=steps.timings,
+        fingerprint=steps.fingerprint(),
+        adapter=exp,
+        validation={k: val[k] for k in ("rule", "p_end_threshold", "validation_f1", "trusted")},
+    )
     if not val["trusted"]:
-        log.warning("adapters.onboard.untrusted", agent=spec.agent, validation_f1=val["validation_f1"],
-                    floor=spec.min_validation_f1)
-    return {"agent": spec.agent, "served_name": exp["served_name"], "adapter_dir": exp["adapter_dir"],
-            "rule": val["rule"], "p_end_threshold": val["p_end_threshold"], "validation_f1": val["validation_f1"],
-            "trusted": val["trusted"], "serve": srv["status"], "restart_command": srv["restart_command"],
-            "routing": rte, "report": files, "wall_seconds": doc["wall_seconds"]}
+        log.warning(
+            "adapters.onboard.untrusted",
+            agent=spec.agent,
+            validation_f1=val["validation_f1"],
+            floor=spec.min_validation_f1,
+        )
+    return {
+        "agent": spec.agent,
+        "served_name": exp["served_name"],
+        "adapter_dir": exp["adapter_dir"],
+        "rule": val["rule"],
+        "p_end_threshold": val["p_end_threshold"],
+        "validation_f1": val["validation_f1"],
+        "trusted": val["trusted"],
+        "serve": srv["status"],
+        "restart_command": srv["restart_command"],
+        "routing": rte,
+        "report": files,
+        "wall_seconds": doc["wall_seconds"],
+    }

@@ -21,8 +21,9 @@ def _row(title: str, m: dict[str, Any] | None) -> str:
     if m is None:
         return f"| {title} | - | - | - | - | - |"
     c, i = m["complete"], m["incomplete"]
-    return (f"| {title} | {_f(c['precision'])} | {_f(c['recall'])} | {_f(c['f1'])} | {_f(i['f1'])} | "
-            f"{_f(m['accuracy'])} |")
+    return (
+        f"| {title} | {_f(c['precision'])} | {_f(c['recall'])} | {_f(c['f1'])} | {_f(i['f1'])} | {_f(m['accuracy'])} |"
+    )
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -30,27 +31,45 @@ def markdown(doc: dict[str, Any]) -> str:
     after, before = v["after"], v["before"]
     trust = "trusted" if v["trusted"] else f"UNTRUSTED (below the floor {v['min_validation_f1']})"
     lines = [
-        f"# Onboarding of agent `{doc['agent']}`", "",
+        f"# Onboarding of agent `{doc['agent']}`",
+        "",
         f"Adapter `{s['served_name']}` ({trust}): rule **{v['rule']}**"
         + (f", P(end) threshold {v['p_end_threshold']:.4g}" if v["p_end_threshold"] is not None else "")
-        + f", validation F1 {v['validation_f1']:.3f}.", "",
+        + f", validation F1 {v['validation_f1']:.3f}.",
+        "",
         f"Data: {doc['collect']['conversations']} conversations ({data['train']} trained on, {data['holdback']} "
         f"held back, {data['general']} general ones mixed in). Validation: the truncation protocol on the "
         f"held-back slice, label-free ({after['examples']} examples from {after['conversations']} conversations; "
-        "each whole = complete, cut after a random earlier turn = incomplete).", "",
-        "| rule | P(c) | R(c) | F1(c) | F1(i) | acc |", "|---|---|---|---|---|---|",
+        "each whole = complete, cut after a random earlier turn = incomplete).",
+        "",
+        "| rule | P(c) | R(c) | F1(c) | F1(i) | acc |",
+        "|---|---|---|---|---|---|",
         _row("before onboarding, greedy", before["greedy"]),
         _row("greedy (end tag is the argmax)", after["greedy"]),
         _row("threshold, in sample (optimistic)", after["threshold_in_sample"]),
-        _row("threshold, cross-validated", after["threshold_cross_validated"]), "",
-        f"ROC-AUC of P(end): {_f(before['greedy']['roc_auc'])} before, {_f(after['greedy']['roc_auc'])} after.", "",
-        f"Serving: {s['status']}." + (f" Restart command:\n\n    {s['restart_command']}\n" if s["status"] in (
-            "not_requested", "runtime_loading_disabled") else ""),
-        "", f"Routing: `{doc['route']['snippet']}`" + (f", patched into `{doc['route']['patched']}`"
-                                                        if doc["route"]["patched"] else "") + ".", "",
-        "| step | seconds | skipped |", "|---|---|---|",
+        _row("threshold, cross-validated", after["threshold_cross_validated"]),
+        "",
+        f"ROC-AUC of P(end): {_f(before['greedy']['roc_auc'])} before, {_f(after['greedy']['roc_auc'])} after.",
+        "",
+        f"Serving: {s['status']}."
+        + (
+            f" Restart command:\n\n    {s['restart_command']}\n"
+            if s["status"] in ("not_requested", "runtime_loading_disabled")
+            else ""
+        ),
+        "",
+        f"Routing: `{doc['route']['snippet']}`"
+        + (f", patched into `{doc['route']['patched']}`" if doc["route"]["patched"] else "")
+        + ".",
+        "",
+        "| step | seconds | skipped |",
+        "|---|---|---|",
         *(f"| {k} | {t['seconds']} | {'yes' if t['skipped'] else ''} |" for k, t in doc["timings"].items()),
-        "", f"Wall time: {doc['wall_seconds']} s.", "", "![P(end) on the held-back slice](pend.png)", "",
+        "",
+        f"Wall time: {doc['wall_seconds']} s.",
+        "",
+        "![P(end) on the held-back slice](pend.png)",
+        "",
     ]
     return "\n".join(lines)
 
@@ -60,11 +79,17 @@ def plot(p_end: dict[str, list[float]], threshold: float | None, path: Path) -> 
     logs = [math.log10(max(p, 1e-12)) for k in p_end for p in p_end[k]]
     lo = min(logs, default=-12.0)
     bins = [lo + (0.0 - lo) * i / 30 for i in range(31)]
-    for ax, (title, keys) in zip(axes, (("before", ("before_complete", "before_incomplete")),
-                                        ("after", ("complete", "incomplete"))), strict=True):
+    for ax, (title, keys) in zip(
+        axes, (("before", ("before_complete", "before_incomplete")), ("after", ("complete", "incomplete"))), strict=True
+    ):
         for key, color in zip(keys, ("tab:green", "tab:red"), strict=True):
-            ax.hist([math.log10(max(p, 1e-12)) for p in p_end[key]], bins=bins, alpha=0.6, color=color,
-                    label="whole (complete)" if color == "tab:green" else "truncated (incomplete)")
+            ax.hist(
+                [math.log10(max(p, 1e-12)) for p in p_end[key]],
+                bins=bins,
+                alpha=0.6,
+                color=color,
+                label="whole (complete)" if color == "tab:green" else "truncated (incomplete)",
+            )
         if threshold is not None and title == "after":
             ax.axvline(math.log10(threshold), color="black", linestyle="--", label="threshold")
         ax.set_title(f"{title} onboarding", fontsize=9)

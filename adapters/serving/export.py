@@ -37,6 +37,12 @@ def export_adapter(trained_dir: Path, out_dir: Path, base_name: str, max_lora_ra
     trained = read_manifest(trained_dir) if (trained_dir / MANIFEST_NAME).exists() else {}
     trained.pop("kind", None)
     trained.pop("created_utc", None)
-    write_manifest(out_dir, "exported-lora-adapter", served_base=base_name, rank=rank,
-                   adapter_sha256=file_sha256(out_dir / "adapter_model.safetensors"), training=trained)
+    write_manifest(
+        out_dir,
+        "exported-lora-adapter",
+        served_base=base_name,
+        rank=rank,
+        adapter_sha256=file_sha256(out_dir / "adapter_model.safetensors"),
+        training=trained,
+    )
     return {"rank": rank, "bytes": (out_dir / "adapter_model.safetensors").stat().st_size}

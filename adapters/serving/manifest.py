@@ -25,7 +25,11 @@ def _git_commit() -> str | None:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],  # noqa: S607 - git from PATH on purpose
-            capture_output=True, text=True, timeout=5, check=False, cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+            cwd=Path(__file__).parent,
         )
     except OSError:
         return None

@@ -37,12 +37,24 @@ def _root(url: str) -> str:
 
 def restart_command(base: Path, served_name: str, adapter_path: Path, base_model_name: str, rank: int) -> str:
     """The vLLM command line that serves the adapter from start-up (keep your other modules and flags)."""
-    return " ".join([
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True", "vllm", "serve", shlex.quote(str(base)),
-        "--served-model-name", base_model_name, "--enable-lora", "--max-lora-rank", str(max(8, rank)),
-        "--max-logprobs", "20", "--enable-prefix-caching",
-        "--lora-modules", shlex.quote(f"{served_name}={adapter_path}"),
-    ])
+    return " ".join(
+        [
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+            "vllm",
+            "serve",
+            shlex.quote(str(base)),
+            "--served-model-name",
+            base_model_name,
+            "--enable-lora",
+            "--max-lora-rank",
+            str(max(8, rank)),
+            "--max-logprobs",
+            "20",
+            "--enable-prefix-caching",
+            "--lora-modules",
+            shlex.quote(f"{served_name}={adapter_path}"),
+        ]
+    )
 
 
 def load_adapter(url: str, name: str, path: Path, *, timeout_seconds: float = 120.0) -> str:
@@ -69,8 +81,16 @@ def load_adapter(url: str, name: str, path: Path, *, timeout_seconds: float = 12
     return status
 
 
-def serve(*, vllm_url: str | None, name: str, adapter_dir: Path, served_path: Path | None, base: Path,
-          base_model_name: str, rank: int) -> dict[str, Any]:
+def serve(
+    *,
+    vllm_url: str | None,
+    name: str,
+    adapter_dir: Path,
+    served_path: Path | None,
+    base: Path,
+    base_model_name: str,
+    rank: int,
+) -> dict[str, Any]:
     """Load the adapter where possible; always return the restart command as the fallback."""
     path = served_path or adapter_dir.resolve()
     command = restart_command(base, name, path, base_model_name, rank)
@@ -83,14 +103,20 @@ def serve(*, vllm_url: str | None, name: str, adapter_dir: Path, served_path: Pa
 
 def routing(agent: str, name: str, validation: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
     """The config keys that route ``agent`` to the adapter, with the prompt window it was trained on."""
-    agent_cfg: dict[str, Any] = {"adapter": name, "completion_rule": validation["rule"],
-                                 "validation_f1": validation["validation_f1"]}
+    agent_cfg: dict[str, Any] = {
+        "adapter": name,
+        "completion_rule": validation["rule"],
+        "validation_f1": validation["validation_f1"],
+    }
     if validation["rule"] == "threshold":
         agent_cfg["p_end_threshold"] = float(f"{validation['p_end_threshold']:.6g}")
     stride = int(recipe.get("window_stride") or 0)
-    scoring: dict[str, Any] = {"max_prompt_tokens": recipe["max_context_tokens"],
-                               "prompt_truncation": "stride" if stride else "tail",
-                               "max_message_tokens": recipe["max_message_tokens"], "agents": {agent: agent_cfg}}
+    scoring: dict[str, Any] = {
+        "max_prompt_tokens": recipe["max_context_tokens"],
+        "prompt_truncation": "stride" if stride else "tail",
+        "max_message_tokens": recipe["max_message_tokens"],
+        "agents": {agent: agent_cfg},
+    }
     if stride:
         scoring["prompt_stride_tokens"] = stride
     return {"scoring": scoring}
@@ -108,7 +134,8 @@ def _merge(config: dict[str, Any], snippet: dict[str, Any]) -> dict[str, Any]:
         if key in scoring and scoring[key] != new[key]:
             raise ServeError(
                 f"the config scores with scoring.{key}={scoring[key]!r} but the adapter was trained with "
-                f"{new[key]!r}: every adapter served to this sidecar must share one prompt window")
+                f"{new[key]!r}: every adapter served to this sidecar must share one prompt window"
+            )
         scoring[key] = new[key]
     agents = dict(scoring.get("agents") or {})
     for agent, values in new["agents"].items():

@@ -21,12 +21,25 @@ class VllmServer:
     same way.
     """
 
-    def __init__(self, model_dir: Path, lora_modules: Mapping[str, Path], log_path: Path, *,
-                 port: int = 0, max_model_len: int = 1024, max_lora_rank: int = 8, max_logprobs: int = 20,
-                 startup_timeout_seconds: float = 900.0) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        lora_modules: Mapping[str, Path],
+        log_path: Path,
+        *,
+        port: int = 0,
+        max_model_len: int = 1024,
+        max_lora_rank: int = 8,
+        max_logprobs: int = 20,
+        startup_timeout_seconds: float = 900.0,
+    ) -> None:
         spec = LocalVllmSpec(
-            model_dir=model_dir, lora_modules=dict(lora_modules), max_model_len=max_model_len,
-            max_lora_rank=max_lora_rank, max_logprobs=max_logprobs, port=port or free_port(),
+            model_dir=model_dir,
+            lora_modules=dict(lora_modules),
+            max_model_len=max_model_len,
+            max_lora_rank=max_lora_rank,
+            max_logprobs=max_logprobs,
+            port=port or free_port(),
             max_loras=len(lora_modules) or None,
         )
         self._server = LocalVllmServer(spec, log_path)

@@ -62,7 +62,7 @@ def windows(ids: list[int], width: int) -> list[list[int]]:
     """Consecutive windows of ``width`` ids; the last one is aligned to the end (overlapping)."""
     if len(ids) <= width:
         return [ids]
-    out = [ids[i:i + width] for i in range(0, len(ids) - width + 1, width)]
+    out = [ids[i : i + width] for i in range(0, len(ids) - width + 1, width)]
     if (len(ids) - width) % width:
         out.append(ids[-width:])
     return out
@@ -106,9 +106,19 @@ def rescale_unseen_rows(model: Any, token_ids: list[int]) -> float:
     return round(target, 4)
 
 
-def train_base(data_dir: Path, datasets: list[str], out_dir: Path, spec: BaseModelSpec, *, epochs: float,
-               batch_size: int, learning_rate: float, max_tokens: int | None, seed: int,
-               max_steps: int | None = None) -> dict[str, Any]:
+def train_base(
+    data_dir: Path,
+    datasets: list[str],
+    out_dir: Path,
+    spec: BaseModelSpec,
+    *,
+    epochs: float,
+    batch_size: int,
+    learning_rate: float,
+    max_tokens: int | None,
+    seed: int,
+    max_steps: int | None = None,
+) -> dict[str, Any]:
     """Train tokenizer + model, save both into ``out_dir`` with a manifest."""
     out_dir.mkdir(parents=True, exist_ok=True)
     convs = [(n, messages_from_json(m)) for n, m in iter_train_conversations(data_dir, datasets)]
@@ -129,29 +139,66 @@ def train_base(data_dir: Path, datasets: list[str], out_dir: Path, spec: BaseMod
     log.info("adapters.base.corpus", sequences=len(seqs), tokens=n_tokens)
     torch.manual_seed(seed)
     model = build_model(spec, ids_map)
-    cfg = LoopConfig(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=0.1,
-                     warmup_fraction=0.05, seed=seed, checkpoint_every_steps=50, max_steps=max_steps)
+    cfg = LoopConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        weight_decay=0.1,
+        warmup_fraction=0.05,
+        seed=seed,
+        checkpoint_every_steps=50,
+        max_steps=max_steps,
+    )
     result = train_loop(
-        model, seqs, cfg, ids_map[PAD], out_dir / "checkpoint.pt",
-        make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=learning_rate, weight_decay=cfg.weight_decay,
-                                                    betas=(0.9, 0.95)),
+        model,
+        seqs,
+        cfg,
+        ids_map[PAD],
+        out_dir / "checkpoint.pt",
+        make_optimizer=lambda ps: torch.optim.AdamW(
+            ps, lr=learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)
+        ),
     )
     rescaled = rescale_unseen_rows(model, [ids_map[END_TAG], ids_map[BOS], ids_map[EOS]])
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)
     hist = result["loss_history"]
     write_manifest(
-        out_dir, "base-model", architecture="LlamaForCausalLM", spec=asdict(spec),
-        storage_dtype="bfloat16", special_token_ids=ids_map, unseen_rows_rescaled_to_norm=rescaled,
-        data={"prepared_manifest_sha256": file_sha256(data_dir / "manifest.json"), "datasets": datasets,
-              "tokens": n_tokens, "tokens_per_dataset": per_dataset, "sequences": len(seqs)},
-        hyperparameters={"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
-                         "weight_decay": 0.1, "optimizer": "torch AdamW", "seed": seed},
-        metrics={"steps": result["steps"], "train_seconds": result["train_seconds"],
-                 "loss_first_20": _mean(hist[:20]), "loss_last_20": _mean(hist[-20:])},
+        out_dir,
+        "base-model",
+        architecture="LlamaForCausalLM",
+        spec=asdict(spec),
+        storage_dtype="bfloat16",
+        special_token_ids=ids_map,
+        unseen_rows_rescaled_to_norm=rescaled,
+        data={
+            "prepared_manifest_sha256": file_sha256(data_dir / "manifest.json"),
+            "datasets": datasets,
+            "tokens": n_tokens,
+            "tokens_per_dataset": per_dataset,
+            "sequences": len(seqs),
+        },
+        hyperparameters={
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "weight_decay": 0.1,
+            "optimizer": "torch AdamW",
+            "seed": seed,
+        },
+        metrics={
+            "steps": result["steps"],
+            "train_seconds": result["train_seconds"],
+            "loss_first_20": _mean(hist[:20]),
+            "loss_last_20": _mean(hist[-20:]),
+        },
     )
-    return {"tokens": n_tokens, **{k: v for k, v in result.items() if k != "loss_history"},
-            "loss_first_20": _mean(hist[:20]), "loss_last_20": _mean(hist[-20:])}
+    return {
+        "tokens": n_tokens,
+        **{k: v for k, v in result.items() if k != "loss_history"},
+        "loss_first_20": _mean(hist[:20]),
+        "loss_last_20": _mean(hist[-20:]),
+    }
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -39,8 +39,14 @@ log = structlog.get_logger()
 
 RESERVED = re.compile(r"<\|reserved_special_token_(\d+)\|>")
 _WEIGHT_FILES = re.compile(r"(model.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?)$")
-_REWRITTEN = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json",
-              "generation_config.json", "manifest.json"}
+_REWRITTEN = {
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "config.json",
+    "generation_config.json",
+    "manifest.json",
+}
 
 
 @torch.no_grad()
@@ -86,8 +92,14 @@ def _load_json(path: Path) -> dict[str, Any]:
 def _tokenizer_config(path: Path, token_id: int, renamed: str | None) -> dict[str, Any]:
     cfg = _load_json(path)
     decoder = cfg.setdefault("added_tokens_decoder", {})
-    decoder[str(token_id)] = {"content": END_TAG, "lstrip": False, "normalized": False, "rstrip": False,
-                              "single_word": False, "special": True}
+    decoder[str(token_id)] = {
+        "content": END_TAG,
+        "lstrip": False,
+        "normalized": False,
+        "rstrip": False,
+        "single_word": False,
+        "special": True,
+    }
     extra = [t for t in cfg.get("additional_special_tokens", []) if t != renamed]
     cfg["additional_special_tokens"] = [*extra, END_TAG] if END_TAG not in extra else extra
     return cfg
@@ -141,9 +153,16 @@ def add_end_tag(base: Path, out: Path, *, reuse_reserved: bool = True, seed: int
     check = Tokenizer.from_file(str(out / "tokenizer.json"))
     if check.token_to_id(END_TAG) != token_id or check.encode(END_TAG, add_special_tokens=False).ids != [token_id]:
         raise DataError("the written tokenizer does not encode the end tag as one special token")
-    result = {"method": method, "end_tag": END_TAG, "end_tag_id": token_id, "renamed_token": renamed,
-              "rows_before": rows_before, "rows_after": int(model.get_input_embeddings().weight.shape[0]),
-              "row_norm": norm, "dtype": str(model.dtype).removeprefix("torch.")}
+    result = {
+        "method": method,
+        "end_tag": END_TAG,
+        "end_tag_id": token_id,
+        "renamed_token": renamed,
+        "rows_before": rows_before,
+        "rows_after": int(model.get_input_embeddings().weight.shape[0]),
+        "row_norm": norm,
+        "dtype": str(model.dtype).removeprefix("torch."),
+    }
     write_manifest(out, "base-with-end-tag", base=base.name, **result)
     log.info("adapters.end_tag.done", **{k: v for k, v in result.items() if k != "end_tag"})
     return result

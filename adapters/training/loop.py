@@ -71,8 +71,10 @@ def weighted_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
     labels = batch["labels"][:, 1:]
     weights = batch["weights"][:, 1:] * (labels != IGNORE)
     ce = torch.nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-        ignore_index=IGNORE, reduction="none",
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+        labels.reshape(-1),
+        ignore_index=IGNORE,
+        reduction="none",
     )
     return (ce * weights.reshape(-1)).sum() / weights.sum().clamp_min(1e-6)
 
@@ -84,8 +86,8 @@ def _batches(data: Sequence[TrainSeq], batch_size: int, epoch: int, seed: int) -
     window = batch_size * 32
     out: list[list[TrainSeq]] = []
     for w in range(0, len(order), window):
-        chunk = sorted(order[w:w + window], key=lambda i: len(data[i].input_ids))
-        out.extend([data[i] for i in chunk[b:b + batch_size]] for b in range(0, len(chunk), batch_size))
+        chunk = sorted(order[w : w + window], key=lambda i: len(data[i].input_ids))
+        out.extend([data[i] for i in chunk[b : b + batch_size]] for b in range(0, len(chunk), batch_size))
     random.Random(seed * 7 + epoch).shuffle(out)
     return out
 
@@ -130,14 +132,15 @@ def train_loop(
     epoch = step // steps_per_epoch
     while step < total:
         batches = _batches(data, cfg.batch_size, epoch, cfg.seed)
-        for batch in batches[step - epoch * steps_per_epoch:]:
+        for batch in batches[step - epoch * steps_per_epoch :]:
             if step >= total:
                 break
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             inputs = {k: v.to(device) for k, v in collate(batch, pad_id).items()}
-            with torch.autocast(device_type=device.split(":", maxsplit=1)[0], dtype=autocast_dtype,
-                                enabled=autocast_dtype is not None):
+            with torch.autocast(
+                device_type=device.split(":", maxsplit=1)[0], dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
                 loss = weighted_lm_loss(model, inputs) if "weights" in inputs else model(**inputs).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -154,8 +157,7 @@ def train_loop(
     return {"steps": step, "loss_history": history, "train_seconds": round(time.monotonic() - t0, 1)}
 
 
-def _save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int,
-          history: list[float]) -> None:
+def _save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, history: list[float]) -> None:
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     trainable = {k: v for k, v in model.state_dict().items() if k in names}
     tmp = path.with_suffix(".tmp")

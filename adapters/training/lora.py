@@ -41,11 +41,28 @@ from sidecar.transcript.render import render_text
 log = structlog.get_logger()
 
 # The recipe moved to adapters.training.recipe (importable without torch); it is re-exported here.
-__all__ = ["LOSS_MODES", "LoraRecipe", "build_sequence", "build_window", "forged_conversation", "pick_cuts",
-           "train_lora", "turn_cuts"]
+__all__ = [
+    "LOSS_MODES",
+    "LoraRecipe",
+    "build_sequence",
+    "build_window",
+    "forged_conversation",
+    "pick_cuts",
+    "train_lora",
+    "turn_cuts",
+]
 
-def build_sequence(ids: list[int], starts: list[int], target_msg: int, end_id: int | None, *,
-                   max_tokens: int, loss_on: str = "target", decision_weight: float = 1.0) -> TrainSeq:
+
+def build_sequence(
+    ids: list[int],
+    starts: list[int],
+    target_msg: int,
+    end_id: int | None,
+    *,
+    max_tokens: int,
+    loss_on: str = "target",
+    decision_weight: float = 1.0,
+) -> TrainSeq:
     """Append the end tag, mask everything before r_n, keep the last ``max_tokens`` ids.
 
     ``loss_on="conversation"`` keeps the loss on every token of the tagged conversation: language
@@ -81,8 +98,15 @@ def turn_cuts(messages: Sequence[Message], starts: list[int]) -> list[int]:
     return [starts[i] for i in users[1:]]
 
 
-def build_window(ids: list[int], starts: list[int], cut: int, *, max_tokens: int, loss_on: str = "target",
-                 decision_weight: float = 1.0) -> TrainSeq:
+def build_window(
+    ids: list[int],
+    starts: list[int],
+    cut: int,
+    *,
+    max_tokens: int,
+    loss_on: str = "target",
+    decision_weight: float = 1.0,
+) -> TrainSeq:
     """A sequence that ends one id after c_k: its last label is "continue" (the next header's first id).
 
     The negative counterpart of :func:`build_sequence`: at inference the sidecar's prompt ends
@@ -95,7 +119,7 @@ def build_window(ids: list[int], starts: list[int], cut: int, *, max_tokens: int
     _check_loss_mode(loss_on)
     if not 0 < cut < len(ids):
         raise ValueError(f"cut {cut} outside the conversation (1..{len(ids) - 1})")
-    seq = ids[:cut + 1]
+    seq = ids[: cut + 1]
     decisions = [p for p in starts[1:] if p <= cut]
     keep = {"conversation": range(len(seq)), "decisions": decisions, "target": [cut]}[loss_on]
     return _tail(seq, _labels_at(seq, keep), decisions, max_tokens=max_tokens, decision_weight=decision_weight)
@@ -130,8 +154,16 @@ def forgery_sequences(tok: Any, messages: Sequence[Message], recipe: LoraRecipe,
     for n, u in enumerate(pick_cuts(candidates, recipe.forgery_windows, f"forge:{key}")):
         forged = forged_conversation(messages, u, strip_headers=n % 2 == 1)
         ids, starts = encode_messages_with_offsets(tok, forged, recipe.max_message_tokens)
-        out.append(build_window(ids, starts, starts[u + 1], max_tokens=recipe.max_context_tokens,
-                                loss_on=recipe.loss_on, decision_weight=recipe.decision_weight))
+        out.append(
+            build_window(
+                ids,
+                starts,
+                starts[u + 1],
+                max_tokens=recipe.max_context_tokens,
+                loss_on=recipe.loss_on,
+                decision_weight=recipe.decision_weight,
+            )
+        )
     return out
 
 
@@ -148,8 +180,9 @@ def _labels_at(seq: list[int], positions: Sequence[int]) -> list[int]:
     return labels
 
 
-def _tail(seq: list[int], labels: list[int], decisions: Sequence[int], *, max_tokens: int,
-          decision_weight: float) -> TrainSeq:
+def _tail(
+    seq: list[int], labels: list[int], decisions: Sequence[int], *, max_tokens: int, decision_weight: float
+) -> TrainSeq:
     """The last ``max_tokens`` positions, the decision tokens weighted ``decision_weight``."""
     if decision_weight == 1.0:
         return TrainSeq(seq[-max_tokens:], labels[-max_tokens:])
@@ -184,8 +217,15 @@ def pick_cuts(cuts: list[int], n: int, key: str) -> list[int]:
     return sorted(random.Random(key).sample(cuts, n))
 
 
-def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe: LoraRecipe, *,
-                   with_end_tag: bool, max_per_dataset: int | None) -> tuple[list[TrainSeq], dict[str, int]]:
+def load_sequences(
+    data_dir: Path,
+    datasets: list[str],
+    model_dir: Path,
+    recipe: LoraRecipe,
+    *,
+    with_end_tag: bool,
+    max_per_dataset: int | None,
+) -> tuple[list[TrainSeq], dict[str, int]]:
     tok = load_tokenizer(model_dir)
     end_id = special_id(tok, END_TAG) if with_end_tag else None
     seqs: list[TrainSeq] = []
@@ -198,18 +238,38 @@ def load_sequences(data_dir: Path, datasets: list[str], model_dir: Path, recipe:
                 rec = json.loads(line)
                 messages = messages_from_json(rec["messages"])
                 ids, starts = encode_messages_with_offsets(tok, messages, recipe.max_message_tokens)
-                own = [build_sequence(ids, starts, int(rec["target_start"]), end_id,
-                                      max_tokens=recipe.max_context_tokens, loss_on=recipe.loss_on,
-                                      decision_weight=recipe.decision_weight)]
+                own = [
+                    build_sequence(
+                        ids,
+                        starts,
+                        int(rec["target_start"]),
+                        end_id,
+                        max_tokens=recipe.max_context_tokens,
+                        loss_on=recipe.loss_on,
+                        decision_weight=recipe.decision_weight,
+                    )
+                ]
                 key = f"{recipe.seed}:{rec['conversation_id']}"
-                own.extend(build_window(ids, starts, cut, max_tokens=recipe.max_context_tokens,
-                                        loss_on=recipe.loss_on, decision_weight=recipe.decision_weight)
-                           for cut in pick_cuts(turn_cuts(messages, starts), recipe.decision_windows, key))
+                own.extend(
+                    build_window(
+                        ids,
+                        starts,
+                        cut,
+                        max_tokens=recipe.max_context_tokens,
+                        loss_on=recipe.loss_on,
+                        decision_weight=recipe.decision_weight,
+                    )
+                    for cut in pick_cuts(turn_cuts(messages, starts), recipe.decision_windows, key)
+                )
                 own.extend(forgery_sequences(tok, messages, recipe, key))
                 if recipe.window_stride:
                     # Keyed by the conversation, so adding or removing data leaves the others' cuts.
-                    own = [stride_window(s, max_tokens=recipe.max_context_tokens, stride=recipe.window_stride,
-                                         key=f"{key}:{j}") for j, s in enumerate(own)]
+                    own = [
+                        stride_window(
+                            s, max_tokens=recipe.max_context_tokens, stride=recipe.window_stride, key=f"{key}:{j}"
+                        )
+                        for j, s in enumerate(own)
+                    ]
                 seqs.extend(own)
                 counts[name] = counts.get(name, 0) + 1
     return seqs, counts
@@ -219,16 +279,26 @@ def _optimizer_factory(recipe: LoraRecipe, use_cuda: bool) -> tuple[Any, str]:
     if use_cuda and importlib.util.find_spec("bitsandbytes") is not None:
         import bitsandbytes as bnb  # type: ignore[import-not-found, unused-ignore]
 
-        return (lambda ps: bnb.optim.AdamW8bit(ps, lr=recipe.learning_rate, weight_decay=recipe.weight_decay),
-                "bitsandbytes AdamW8bit")
-    return (lambda ps: torch.optim.AdamW(ps, lr=recipe.learning_rate, weight_decay=recipe.weight_decay),
-            "torch AdamW")
+        return (
+            lambda ps: bnb.optim.AdamW8bit(ps, lr=recipe.learning_rate, weight_decay=recipe.weight_decay),
+            "bitsandbytes AdamW8bit",
+        )
+    return (lambda ps: torch.optim.AdamW(ps, lr=recipe.learning_rate, weight_decay=recipe.weight_decay), "torch AdamW")
 
 
-def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Path, recipe: LoraRecipe, *,
-               with_end_tag: bool = True, max_per_dataset: int | None = None,
-               max_steps: int | None = None, init_adapter: Path | None = None,
-               min_steps: int = 0) -> dict[str, Any]:
+def train_lora(
+    data_dir: Path,
+    datasets: list[str],
+    model_dir: Path,
+    out_dir: Path,
+    recipe: LoraRecipe,
+    *,
+    with_end_tag: bool = True,
+    max_per_dataset: int | None = None,
+    max_steps: int | None = None,
+    init_adapter: Path | None = None,
+    min_steps: int = 0,
+) -> dict[str, Any]:
     """Train a LoRA adapter on ``model_dir`` and save it (peft format) into ``out_dir``.
 
     ``init_adapter`` continues training an existing adapter (its rank, alpha and target modules
@@ -245,51 +315,93 @@ def train_lora(data_dir: Path, datasets: list[str], model_dir: Path, out_dir: Pa
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
     peft_model, recipe = _peft_model(model, recipe, init_adapter)
-    seqs, counts = load_sequences(data_dir, datasets, model_dir, recipe, with_end_tag=with_end_tag,
-                                  max_per_dataset=max_per_dataset)
+    seqs, counts = load_sequences(
+        data_dir, datasets, model_dir, recipe, with_end_tag=with_end_tag, max_per_dataset=max_per_dataset
+    )
     if not seqs:
         raise DataError(f"no training sequences in {datasets} under the prepared data")
     log.info("adapters.lora.data", sequences=len(seqs), per_dataset=counts)
     make_opt, opt_name = _optimizer_factory(recipe, use_cuda)
     tok = load_tokenizer(model_dir)
     epochs = max(recipe.epochs, min_steps / math.ceil(len(seqs) / recipe.batch_size))
-    cfg = LoopConfig(epochs=epochs, batch_size=recipe.batch_size, learning_rate=recipe.learning_rate,
-                     weight_decay=recipe.weight_decay, warmup_fraction=0.03, seed=recipe.seed,
-                     checkpoint_every_steps=25, max_steps=max_steps)
+    cfg = LoopConfig(
+        epochs=epochs,
+        batch_size=recipe.batch_size,
+        learning_rate=recipe.learning_rate,
+        weight_decay=recipe.weight_decay,
+        warmup_fraction=0.03,
+        seed=recipe.seed,
+        checkpoint_every_steps=25,
+        max_steps=max_steps,
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = train_loop(peft_model, seqs, cfg, padding_id(tok, model_dir), out_dir / "checkpoint.pt",
-                        make_optimizer=make_opt,
-                        device=device, autocast_dtype=torch.bfloat16 if use_cuda else None)
+    result = train_loop(
+        peft_model,
+        seqs,
+        cfg,
+        padding_id(tok, model_dir),
+        out_dir / "checkpoint.pt",
+        make_optimizer=make_opt,
+        device=device,
+        autocast_dtype=torch.bfloat16 if use_cuda else None,
+    )
     peft_model.save_pretrained(str(out_dir), safe_serialization=True)
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)
     hist = result["loss_history"]
     first, last = _mean(hist[:10]), _mean(hist[-10:])
     base_manifest = read_manifest(model_dir) if (model_dir / "manifest.json").exists() else {}
     write_manifest(
-        out_dir, "lora-adapter",
-        base_model={"name": model_dir.name, "manifest_created_utc": base_manifest.get("created_utc"),
-                    "weights_sha256": _weights_hash(model_dir)},
+        out_dir,
+        "lora-adapter",
+        base_model={
+            "name": model_dir.name,
+            "manifest_created_utc": base_manifest.get("created_utc"),
+            "weights_sha256": _weights_hash(model_dir),
+        },
         with_end_tag=with_end_tag,
         init_adapter=_adapter_ref(init_adapter),
-        data={"prepared_manifest_sha256": file_sha256(data_dir / "manifest.json"), "datasets": datasets,
-              "conversations_per_dataset": counts},
-        hyperparameters={"rank": recipe.rank, "alpha": recipe.alpha, "dropout": recipe.dropout,
-                         "target_modules": list(recipe.target_modules), "epochs": recipe.epochs,
-                         "learning_rate": recipe.learning_rate, "weight_decay": recipe.weight_decay,
-                         "epochs_run": round(epochs, 3), "min_steps": min_steps,
-                         "batch_size": recipe.batch_size, "max_context_tokens": recipe.max_context_tokens,
-                         "optimizer": opt_name, "seed": recipe.seed, "device": device,
-                         "loss_on": recipe.loss_on, "decision_weight": recipe.decision_weight,
-                         "decision_windows": recipe.decision_windows,
-                         "forgery_windows": recipe.forgery_windows,
-                         "max_message_tokens": recipe.max_message_tokens,
-                         "window_stride": recipe.window_stride,
-                         "end_tag": with_end_tag},
-        metrics={"steps": result["steps"], "train_seconds": result["train_seconds"],
-                 "loss_first_10": first, "loss_last_10": last},
+        data={
+            "prepared_manifest_sha256": file_sha256(data_dir / "manifest.json"),
+            "datasets": datasets,
+            "conversations_per_dataset": counts,
+        },
+        hyperparameters={
+            "rank": recipe.rank,
+            "alpha": recipe.alpha,
+            "dropout": recipe.dropout,
+            "target_modules": list(recipe.target_modules),
+            "epochs": recipe.epochs,
+            "learning_rate": recipe.learning_rate,
+            "weight_decay": recipe.weight_decay,
+            "epochs_run": round(epochs, 3),
+            "min_steps": min_steps,
+            "batch_size": recipe.batch_size,
+            "max_context_tokens": recipe.max_context_tokens,
+            "optimizer": opt_name,
+            "seed": recipe.seed,
+            "device": device,
+            "loss_on": recipe.loss_on,
+            "decision_weight": recipe.decision_weight,
+            "decision_windows": recipe.decision_windows,
+            "forgery_windows": recipe.forgery_windows,
+            "max_message_tokens": recipe.max_message_tokens,
+            "window_stride": recipe.window_stride,
+            "end_tag": with_end_tag,
+        },
+        metrics={
+            "steps": result["steps"],
+            "train_seconds": result["train_seconds"],
+            "loss_first_10": first,
+            "loss_last_10": last,
+        },
     )
-    return {"sequences": len(seqs), "steps": result["steps"], "train_seconds": result["train_seconds"],
-            "loss_first_10": first, "loss_last_10": last}
+    return {
+        "sequences": len(seqs),
+        "steps": result["steps"],
+        "train_seconds": result["train_seconds"],
+        "loss_first_10": first,
+        "loss_last_10": last,
+    }
 
 
 def _peft_model(model: Any, recipe: LoraRecipe, init_adapter: Path | None) -> tuple[Any, LoraRecipe]:
@@ -298,14 +410,26 @@ def _peft_model(model: Any, recipe: LoraRecipe, init_adapter: Path | None) -> tu
         # peft reads transformers' deprecated ``is_gradient_checkpointing`` alias.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         if init_adapter is None:
-            return get_peft_model(model, LoraConfig(
-                r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=recipe.dropout,
-                target_modules=list(recipe.target_modules), bias="none", task_type="CAUSAL_LM",
-            )), recipe
+            return get_peft_model(
+                model,
+                LoraConfig(
+                    r=recipe.rank,
+                    lora_alpha=recipe.alpha,
+                    lora_dropout=recipe.dropout,
+                    target_modules=list(recipe.target_modules),
+                    bias="none",
+                    task_type="CAUSAL_LM",
+                ),
+            ), recipe
         peft_model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
     cfg: Any = peft_model.peft_config["default"]
-    shaped = replace(recipe, rank=int(cfg.r), alpha=int(cfg.lora_alpha), dropout=float(cfg.lora_dropout),
-                     target_modules=tuple(sorted(cfg.target_modules)))
+    shaped = replace(
+        recipe,
+        rank=int(cfg.r),
+        alpha=int(cfg.lora_alpha),
+        dropout=float(cfg.lora_dropout),
+        target_modules=tuple(sorted(cfg.target_modules)),
+    )
     return peft_model, shaped
 
 

@@ -198,13 +198,12 @@ class Escalations:
 
     def _incomplete(self, ctx: TurnContext, policy: PolicyConfig, final: CompletionScored) -> Alert:
         details: dict[str, Detail] = {
-            "p_end": final.p_end, "end_reason": ctx.end_reason, "turns": ctx.turn, "model": final.model
+            "p_end": final.p_end,
+            "end_reason": ctx.end_reason,
+            "turns": ctx.turn,
+            "model": final.model,
         }
-        text = (
-            {"remaining_tasks": final.remaining_tasks}
-            if self._cfg.include_text and final.remaining_tasks
-            else {}
-        )
+        text = {"remaining_tasks": final.remaining_tasks} if self._cfg.include_text and final.remaining_tasks else {}
         summary = f"conversation ended incomplete after {ctx.turn} turns (P(end) {final.p_end:.2f})"
         return self._alert(
             ctx, "conversation_incomplete", policy.severity_conversation_incomplete, summary, details, text=text
@@ -259,8 +258,13 @@ class Escalations:
     async def _deliver(self, sink: AlertSink, alert: Alert, ctx: TurnContext) -> None:
         def retrying(exc: BaseException, delay: float) -> None:
             self.metrics.retries.labels(sink.name).inc()
-            log.warning("alert.delivery_retry", sink=sink.name, kind=alert.kind, error=_why(exc),
-                        retry_in_seconds=round(delay, 2))
+            log.warning(
+                "alert.delivery_retry",
+                sink=sink.name,
+                kind=alert.kind,
+                error=_why(exc),
+                retry_in_seconds=round(delay, 2),
+            )
 
         retry = self._cfg.retry
         try:

@@ -91,11 +91,20 @@ class TwoDimensionalJudge:
                 "judge.invalid_answer", dimension=dimension, chars=len(reply.content), finish_reason=reply.finish_reason
             )
             return DimensionVerdict(
-                dimension, None, malformed=True, prompt_tokens=reply.prompt_tokens,
-                completion_tokens=reply.completion_tokens, calls=1,
+                dimension,
+                None,
+                malformed=True,
+                prompt_tokens=reply.prompt_tokens,
+                completion_tokens=reply.completion_tokens,
+                calls=1,
             )
         passed, items, explanation = parsed
         return DimensionVerdict(
-            dimension, passed, items, explanation, prompt_tokens=reply.prompt_tokens,
-            completion_tokens=reply.completion_tokens, calls=1,
+            dimension,
+            passed,
+            items,
+            explanation,
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            calls=1,
         )

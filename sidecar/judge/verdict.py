@@ -26,10 +26,28 @@ from sidecar.judge.prompts import ANSWERS, MAX_ITEM_CHARS, AccuracyAnswer, Dimen
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.IGNORECASE | re.DOTALL)
 _WS = re.compile(r"\s+")
 _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-PLACEHOLDERS = frozenset({
-    "", "-", "--", "none", "none.", "n/a", "na", "nil", "null", "nothing", "no", "empty", "[]", "{}",
-    "no issues", "no incorrect items", "no missing items", "not applicable",
-})
+PLACEHOLDERS = frozenset(
+    {
+        "",
+        "-",
+        "--",
+        "none",
+        "none.",
+        "n/a",
+        "na",
+        "nil",
+        "null",
+        "nothing",
+        "no",
+        "empty",
+        "[]",
+        "{}",
+        "no issues",
+        "no incorrect items",
+        "no missing items",
+        "not applicable",
+    }
+)
 
 
 def _json_object_text(raw: str) -> str:

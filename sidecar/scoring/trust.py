@@ -87,10 +87,22 @@ def assess(agent: AgentConfig, floor: float) -> AgentRoute:
         reason = "no validation recorded" if where == "config" else where
         return AgentRoute(agent.adapter, "unvalidated_adapter", agent.completion_rule, threshold, None, reason)
     if f1 < floor:
-        return AgentRoute(agent.adapter, "untrusted_adapter", agent.completion_rule, threshold, f1,
-                          f"validation F1 {f1:.3f} < {floor:.3f} ({where})")
-    return AgentRoute(agent.adapter, "adapter", agent.completion_rule, threshold, f1,
-                      f"validation F1 {f1:.3f} >= {floor:.3f} ({where})")
+        return AgentRoute(
+            agent.adapter,
+            "untrusted_adapter",
+            agent.completion_rule,
+            threshold,
+            f1,
+            f"validation F1 {f1:.3f} < {floor:.3f} ({where})",
+        )
+    return AgentRoute(
+        agent.adapter,
+        "adapter",
+        agent.completion_rule,
+        threshold,
+        f1,
+        f"validation F1 {f1:.3f} >= {floor:.3f} ({where})",
+    )
 
 
 class AdapterTrust:

@@ -29,8 +29,15 @@ _DECODER = msgspec.json.Decoder(ResultRecord)
 def signed_fields(record: ResultRecord) -> bytes:
     """The canonical bytes a signature covers (what recovery acts on, in a fixed order)."""
     parts = (
-        record.v, record.group, record.topic, record.partition, record.position, record.trigger, record.kind,
-        record.conversation_id, record.turn,
+        record.v,
+        record.group,
+        record.topic,
+        record.partition,
+        record.position,
+        record.trigger,
+        record.kind,
+        record.conversation_id,
+        record.turn,
     )
     return _SEP.join(str(p) for p in parts).encode("utf-8", "surrogatepass")
 

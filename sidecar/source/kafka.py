@@ -89,9 +89,19 @@ class KafkaEventSource:
             isolation_level="read_committed",
         )
         self._services = PartitionServices(
-            cfg=cfg, state_cfg=state_cfg, hooks=hooks, metrics=metrics, stage=self.stage, budget=self.budget,
-            consumer=self.consumer, journal_reader=self.journal_reader, signer=self.signer, results=self.results,
-            dead_letters=self.dead_letters, count_journal_skip=self.count_journal_skip, set_paused=self.set_paused,
+            cfg=cfg,
+            state_cfg=state_cfg,
+            hooks=hooks,
+            metrics=metrics,
+            stage=self.stage,
+            budget=self.budget,
+            consumer=self.consumer,
+            journal_reader=self.journal_reader,
+            signer=self.signer,
+            results=self.results,
+            dead_letters=self.dead_letters,
+            count_journal_skip=self.count_journal_skip,
+            set_paused=self.set_paused,
         )
         self._workers: dict[TopicPartition, PartitionWorker] = {}
         self._tg: asyncio.TaskGroup | None = None

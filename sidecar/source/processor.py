@@ -262,7 +262,13 @@ class PartitionProcessor:
         await self._journal(entry, ctx, outcome, position, trigger)
 
     async def _after_stage(
-        self, entry: _Pending, staged: Awaitable[None], *, ctx: TurnContext, outcome: Outcome, position: int,
+        self,
+        entry: _Pending,
+        staged: Awaitable[None],
+        *,
+        ctx: TurnContext,
+        outcome: Outcome,
+        position: int,
         trigger: TriggeredBy,
     ) -> None:
         await staged
@@ -270,8 +276,9 @@ class PartitionProcessor:
 
     def _hook_failed(self, ctx: TurnContext, exc: Exception) -> Outcome:
         self._m.hook_errors.labels(ctx.kind).inc()
-        log.warning("hook.failed", kind=ctx.kind, conversation_id=ctx.conversation_id, turn=ctx.turn,
-                    error=type(exc).__name__)
+        log.warning(
+            "hook.failed", kind=ctx.kind, conversation_id=ctx.conversation_id, turn=ctx.turn, error=type(exc).__name__
+        )
         return {"error": type(exc).__name__}
 
     async def _journal(
@@ -324,8 +331,7 @@ class PartitionProcessor:
 
     def _dead_letter(self, record: SourceRecord, reason: str, detail: str) -> None:
         self._m.dead(reason).inc()
-        log.info("event.dead_lettered", partition=self.partition, offset=record.offset, reason=reason,
-                 detail=detail)
+        log.info("event.dead_lettered", partition=self.partition, offset=record.offset, reason=reason, detail=detail)
         entry = self._pin(record.offset, None)
 
         async def write() -> None:
@@ -336,8 +342,13 @@ class PartitionProcessor:
                 # The record's position is logged so it is not lost silently, and the partition
                 # goes on rather than stalling behind it forever.
                 self._m.dead_letter_failures.inc()
-                log.error("event.dead_letter_failed", partition=self.partition, offset=record.offset,  # noqa: TRY400 - the type is enough; a traceback adds nothing an operator can act on
-                          reason=reason, error=type(exc).__name__)
+                log.error(
+                    "event.dead_letter_failed",
+                    partition=self.partition,
+                    offset=record.offset,  # noqa: TRY400 - the type is enough; a traceback adds nothing an operator can act on
+                    reason=reason,
+                    error=type(exc).__name__,
+                )
             self._pending.pop(entry.pid, None)
             self._signal_room()
 
@@ -360,8 +371,9 @@ class PartitionProcessor:
         if oldest is not None:
             low = min(low, oldest.first_offset)
             j = min(j, oldest.journal_start)
-        return CommitPoint(offset=min(low, p), processed_until=p, journal_from=j,
-                           finished_from=self.state.finished_from())
+        return CommitPoint(
+            offset=min(low, p), processed_until=p, journal_from=j, finished_from=self.state.finished_from()
+        )
 
     async def drain(self, timeout_seconds: float) -> bool:
         """Wait up to ``timeout_seconds`` for pending effects; True if none is left."""
@@ -414,4 +426,3 @@ class PartitionProcessor:
         """Seconds the oldest effect still pinning the commit point has waited (0 if none)."""
         oldest = next(iter(self._pending.values()), None)
         return 0.0 if oldest is None else max(0.0, now - oldest.created)
-

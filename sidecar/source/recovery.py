@@ -37,8 +37,11 @@ class JournalReader:
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
-            **client_kwargs(self._cfg), group_id=None, enable_auto_commit=False,
-            auto_offset_reset="earliest", isolation_level="read_committed",
+            **client_kwargs(self._cfg),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
             fetch_max_bytes=self._cfg.fetch_max_bytes,
         )
         await self._consumer.start()
@@ -137,8 +140,15 @@ async def load_recovery(  # noqa: PLR0917 - the worker passes its collaborators 
             read += 1
     if finished_from is not None and finished_from < start:
         plan.finished = await _finished_starts(reader, cfg, tp.partition, finished_from, start)
-    log.info("recovery.loaded", partition=tp.partition, start=start, replay_until=plan.replay_until,
-             journal_from=journal_from, journal_records=read, finished_scanned=len(plan.finished))
+    log.info(
+        "recovery.loaded",
+        partition=tp.partition,
+        start=start,
+        replay_until=plan.replay_until,
+        journal_from=journal_from,
+        journal_records=read,
+        finished_scanned=len(plan.finished),
+    )
     return plan.seal()
 
 

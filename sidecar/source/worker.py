@@ -131,14 +131,23 @@ class PartitionWorker:
         while True:
             try:
                 return await load_recovery(
-                    src.consumer, src.journal_reader, src.cfg, self.tp, await src.results.partition_count(),
-                    src.signer, src.count_journal_skip,
+                    src.consumer,
+                    src.journal_reader,
+                    src.cfg,
+                    self.tp,
+                    await src.results.partition_count(),
+                    src.signer,
+                    src.count_journal_skip,
                 )
             except KafkaError as exc:
                 src.metrics.recovery_errors.inc()
                 delay = backoff.delay()
-                log.warning("recovery.failed", partition=self.tp.partition, error=type(exc).__name__,
-                            retry_in_seconds=round(delay, 2))
+                log.warning(
+                    "recovery.failed",
+                    partition=self.tp.partition,
+                    error=type(exc).__name__,
+                    retry_in_seconds=round(delay, 2),
+                )
                 await asyncio.sleep(delay)
 
     async def run(self) -> None:

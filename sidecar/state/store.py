@@ -137,9 +137,7 @@ class PartitionState:
             if event.conversation_id in self._finished:
                 raise Rejected("conversation_finished", "event for a conversation that already ended")
             if event.seq != 0:
-                raise Rejected(
-                    "seq_gap", f"unknown or finished conversation; expected seq 0, got {event.seq}"
-                )
+                raise Rejected("seq_gap", f"unknown or finished conversation; expected seq 0, got {event.seq}")
             if event.type == "conversation_end":
                 raise Rejected("empty_conversation", "conversation_end for a conversation with no message")
             if size > cfg.max_conversation_bytes:

@@ -340,7 +340,6 @@ class HttpServer:
 
         return handler
 
-
     def _page_handler(self, name: str, page: PageRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
             param = request.match_info.get("param")

@@ -50,9 +50,7 @@ def _scrub(value: Any, depth: int) -> Any:
     if isinstance(value, Mapping):
         if depth >= _MAX_DEPTH:
             return "[nested too deep]"
-        return {
-            k: _scrub(v, depth + 1) for k, v in value.items() if not (isinstance(k, str) and k in TEXT_FIELDS)
-        }
+        return {k: _scrub(v, depth + 1) for k, v in value.items() if not (isinstance(k, str) and k in TEXT_FIELDS)}
     if isinstance(value, list | tuple):
         if depth >= _MAX_DEPTH:
             return "[nested too deep]"

@@ -13,7 +13,22 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from sidecar.telemetry.hot import CounterChild, HistogramChild, HotCounter, HotHistogram
 
 LATENCY_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 
@@ -22,7 +37,8 @@ class StreamMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.events_consumed = HotCounter(
-            "sidecar_events_consumed_total", "Kafka records taken from the source topic.",
+            "sidecar_events_consumed_total",
+            "Kafka records taken from the source topic.",
             registry=registry,
         )
         self.events_replayed = HotCounter(
@@ -31,16 +47,21 @@ class StreamMetrics:
             registry=registry,
         )
         self.dead_lettered = Counter(
-            "sidecar_events_dead_lettered_total", "Records sent to the dead-letter topic, by reason.",
-            ["reason"], registry=registry,
+            "sidecar_events_dead_lettered_total",
+            "Records sent to the dead-letter topic, by reason.",
+            ["reason"],
+            registry=registry,
         )
         self.conversations_active = Gauge(
-            "sidecar_conversations_active", "Open conversations held in memory.", registry=registry,
+            "sidecar_conversations_active",
+            "Open conversations held in memory.",
+            registry=registry,
         )
         self.conversations_ended = Counter(
             "sidecar_conversations_finalised_total",
             "Conversations finalised, by reason (end_event, idle_ttl, max_lifetime, evicted).",
-            ["reason"], registry=registry,
+            ["reason"],
+            registry=registry,
         )
         self.state_bytes = Gauge(
             "sidecar_state_memory_bytes",
@@ -51,13 +72,15 @@ class StreamMetrics:
             "sidecar_commit_age_seconds",
             "Per owned partition: seconds it has held records past its committed offset without a successful "
             "commit moving that offset (0 when nothing is uncommitted); a failed commit does not reset it.",
-            ["partition"], registry=registry,
+            ["partition"],
+            registry=registry,
         )
         self.oldest_conversation_age = Gauge(
             "sidecar_oldest_conversation_age_seconds",
             "Per owned partition: age of its oldest open conversation (from its first record's Kafka "
             "timestamp), 0 with none open.",
-            ["partition"], registry=registry,
+            ["partition"],
+            registry=registry,
         )
         self.oldest_effect_age = Gauge(
             "sidecar_oldest_pending_effect_seconds",
@@ -67,28 +90,39 @@ class StreamMetrics:
         self.journal_skipped = Counter(
             "sidecar_journal_records_skipped_total",
             "Results-topic records ignored during recovery, by reason (invalid, unsigned, bad_signature).",
-            ["reason"], registry=registry,
+            ["reason"],
+            registry=registry,
         )
         self.processing_seconds = HotHistogram(
             "sidecar_event_processing_seconds",
             "From a record's fetch to the end of its processing (decode, state, hook dispatch).",
-            buckets=LATENCY_BUCKETS, registry=registry,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.hook_dispatch_seconds = HotHistogram(
-            "sidecar_hook_dispatch_seconds", "From a record's fetch to the hook it triggers being called.",
-            ["kind"], buckets=LATENCY_BUCKETS, registry=registry,
+            "sidecar_hook_dispatch_seconds",
+            "From a record's fetch to the hook it triggers being called.",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.hooks_fired = HotCounter(
-            "sidecar_hooks_fired_total", "Hook calls dispatched, by kind.", ["kind"], registry=registry,
+            "sidecar_hooks_fired_total",
+            "Hook calls dispatched, by kind.",
+            ["kind"],
+            registry=registry,
         )
         self.hooks_suppressed = HotCounter(
             "sidecar_hooks_suppressed_total",
             "Hook calls skipped because their outcome was already recorded before a restart.",
-            ["kind"], registry=registry,
+            ["kind"],
+            registry=registry,
         )
         self.hook_errors = Counter(
-            "sidecar_hook_errors_total", "Hook awaitables that raised; the error is recorded as outcome.",
-            ["kind"], registry=registry,
+            "sidecar_hook_errors_total",
+            "Hook awaitables that raised; the error is recorded as outcome.",
+            ["kind"],
+            registry=registry,
         )
         self.dead_letter_failures = Counter(
             "sidecar_dead_letter_failures_total",
@@ -99,17 +133,20 @@ class StreamMetrics:
         self.sink_errors = Counter(
             "sidecar_stage_sink_errors_total",
             "Effects a post-score sink failed on unexpectedly (logged as stage.sink_failed); the effect went on.",
-            ["sink"], registry=registry,
+            ["sink"],
+            registry=registry,
         )
         self.effects_pending = Gauge(
-            "sidecar_effects_pending", "Hook calls and dead-letter writes not yet safely recorded.",
+            "sidecar_effects_pending",
+            "Hook calls and dead-letter writes not yet safely recorded.",
             registry=registry,
         )
         self.results_write_errors = Counter(
             "sidecar_results_write_errors_total",
             "Failed writes to the results or dead-letter topic, by kind: retryable and permanent (both retried), "
             "oversized (the outcome was replaced by an error marker).",
-            ["kind"], registry=registry,
+            ["kind"],
+            registry=registry,
         )
         self.release_unflushed = Counter(
             "sidecar_release_unflushed_total",
@@ -118,7 +155,10 @@ class StreamMetrics:
             registry=registry,
         )
         self.commits = Counter(
-            "sidecar_commits_total", "Offset commit requests, by result (ok, failed).", ["result"], registry=registry,
+            "sidecar_commits_total",
+            "Offset commit requests, by result (ok, failed).",
+            ["result"],
+            registry=registry,
         )
         # Both series exist from the start: a counter born at its first failure, already at 1, is
         # invisible to increase(), and the failing-commits alert would miss it.
@@ -128,16 +168,22 @@ class StreamMetrics:
             "sidecar_consumer_lag_records",
             "Per owned partition: the high-water mark minus the offset of the next record to process "
             "(records fetched but not yet processed count as lag; the committed offset may trail further).",
-            ["partition"], registry=registry,
+            ["partition"],
+            registry=registry,
         )
         self.partitions_assigned = Gauge(
-            "sidecar_partitions_assigned", "Source partitions owned by this replica.", registry=registry,
+            "sidecar_partitions_assigned",
+            "Source partitions owned by this replica.",
+            registry=registry,
         )
         self.partitions_paused = Gauge(
-            "sidecar_partitions_paused", "Source partitions paused for backpressure.", registry=registry,
+            "sidecar_partitions_paused",
+            "Source partitions paused for backpressure.",
+            registry=registry,
         )
         self.recoveries = Counter(
-            "sidecar_partition_recoveries_total", "Partitions rebuilt from Kafka after assignment.",
+            "sidecar_partition_recoveries_total",
+            "Partitions rebuilt from Kafka after assignment.",
             registry=registry,
         )
         self.recovery_errors = Counter(
@@ -145,7 +191,6 @@ class StreamMetrics:
             "Transient Kafka errors while loading a partition's recovery plan (retried).",
             registry=registry,
         )
-
 
     # The families with a ``partition`` label: every one of them loses its series when the
     # partition is given up, so a rebalance leaves no stale value behind on the old owner.

@@ -260,8 +260,11 @@ def message_json(m: Message) -> dict[str, Any]:
 
 def record_json(record: ConversationRecord) -> dict[str, Any]:
     """A record back in the schema's JSON form, its messages under ``turns``."""
-    return {"conversation_id": record.conversation_id, **record.fields,
-            "turns": [message_json(m) for m in record.messages]}
+    return {
+        "conversation_id": record.conversation_id,
+        **record.fields,
+        "turns": [message_json(m) for m in record.messages],
+    }
 
 
 def check_file(path: Path, limits: ReadLimits, already_read: int = 0) -> None:
@@ -295,8 +298,10 @@ def _lines(fh: IO[bytes], path: Path, limits: ReadLimits, stats: ReadStats) -> I
     def count(n: int) -> None:
         stats.bytes += n
         if stats.bytes > limits.max_total_bytes:
-            raise DatasetError(f"{path}: more than {limits.max_total_bytes} bytes of data (after decompression)"
-                               f"{_hint(limits)}", reason="too_large")
+            raise DatasetError(
+                f"{path}: more than {limits.max_total_bytes} bytes of data (after decompression){_hint(limits)}",
+                reason="too_large",
+            )
 
     number = 0
     while line := fh.readline(limits.max_line_bytes + 1):

@@ -115,9 +115,17 @@ def tree_page(tree: StoredTree) -> str:
     shape = tree.shape
     legend = LEGEND + (" and its text." if shape.has_text else "; text is not kept (alerting.include_text is off).")
     facts: list[tuple[str, Detail]] = [
-        ("alert", e.id), ("kind", e.kind), ("severity", e.severity), ("conversation", e.conversation_id),
-        ("turn", e.turn), ("agent", e.agent), ("tenant", e.tenant), ("goal", e.goal),
-        ("flagged at", _iso(e.created_at_unix)), ("model", tree.model), ("budget hit", tree.budget_hit),
+        ("alert", e.id),
+        ("kind", e.kind),
+        ("severity", e.severity),
+        ("conversation", e.conversation_id),
+        ("turn", e.turn),
+        ("agent", e.agent),
+        ("tenant", e.tenant),
+        ("goal", e.goal),
+        ("flagged at", _iso(e.created_at_unix)),
+        ("model", tree.model),
+        ("budget hit", tree.budget_hit),
         *tree.facts.items(),
     ]
     body = [
@@ -141,14 +149,12 @@ def escalations_page(items: Iterable[Escalation], with_tree: set[str], capacity:
     for e in items:
         link = f'<a href="trees/{escape(e.id)}">tree</a>' if e.id in with_tree else ""
         details = ", ".join(f"{escape(k)}={escape(_value(v))}" for k, v in e.details)
-        text = "".join(
-            f'<div class="muted">{escape(k)}: {escape(clip(v, MAX_ROW_TEXT))}</div>' for k, v in e.text
-        )
+        text = "".join(f'<div class="muted">{escape(k)}: {escape(clip(v, MAX_ROW_TEXT))}</div>' for k, v in e.text)
         rows.append(
             f"<tr><td>{_iso(e.created_at_unix)}</td><td>{escape(e.kind)}</td>"
             f'<td class="sev-{escape(e.severity)}">{escape(e.severity)}</td><td>{escape(e.agent)}</td>'
             f'<td>{escape(clip(e.conversation_id, 60))}</td><td class="num">{e.turn}</td>'
-            f"<td>{escape(e.summary)}{text}<div class=\"muted\">{details}</div></td><td>{link}</td></tr>"
+            f'<td>{escape(e.summary)}{text}<div class="muted">{details}</div></td><td>{link}</td></tr>'
         )
     table = (
         "<table><thead><tr><th>flagged (UTC)</th><th>kind</th><th>severity</th><th>agent</th><th>conversation</th>"
@@ -167,5 +173,7 @@ def escalations_page(items: Iterable[Escalation], with_tree: set[str], capacity:
 
 def message_page(title: str, message: str) -> str:
     """A small page for 400/404 answers."""
-    return document(title, [f"<h1>{escape(title)}</h1><p>{escape(message)}</p>",
-                            '<p><a href="../escalations">recent escalations</a></p>'])
+    return document(
+        title,
+        [f"<h1>{escape(title)}</h1><p>{escape(message)}</p>", '<p><a href="../escalations">recent escalations</a></p>'],
+    )

@@ -26,8 +26,16 @@ from sidecar.trees.pages import Escalation, StoredTree, escalations_page, messag
 from sidecar.trees.shape import build_shape
 
 ALERT_ID = re.compile(r"[0-9a-f]{32}")
-_TREE_FACTS = ("leaves", "complete_leaves", "max_logprob", "mean_token_logprob", "uncertainty_score",
-               "threshold", "rule", "generated_tokens")
+_TREE_FACTS = (
+    "leaves",
+    "complete_leaves",
+    "max_logprob",
+    "mean_token_logprob",
+    "uncertainty_score",
+    "threshold",
+    "rule",
+    "generated_tokens",
+)
 
 
 class TreeView:
@@ -83,8 +91,14 @@ class TreeView:
             return self.escalations_page(None)
         tree = self.get(alert_id)
         if tree is None:
-            return Page(message_page("tree not found", "No tree is kept for this alert id: it was never flagged "
-                                     "here, or it has been dropped (the view keeps the most recent ones)."), 404)
+            return Page(
+                message_page(
+                    "tree not found",
+                    "No tree is kept for this alert id: it was never flagged "
+                    "here, or it has been dropped (the view keeps the most recent ones).",
+                ),
+                404,
+            )
         return Page(tree_page(tree))
 
     def escalations_page(self, _param: str | None) -> Page:
@@ -96,4 +110,3 @@ class TreeView:
             "trees": PageRoute(self.tree_page, param=ALERT_ID, index=False),
             "escalations": PageRoute(self.escalations_page),
         }
-

@@ -14,8 +14,32 @@ from adapters.data.tokenizer import train_tokenizer
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import render_text
 
-WORDS = ("book", "a", "table", "for", "two", "tonight", "thanks", "bye", "hotel", "train", "to", "cambridge",
-         "is", "there", "anything", "else", "no", "that", "is", "all", "sure", "done", "what", "time")
+WORDS = (
+    "book",
+    "a",
+    "table",
+    "for",
+    "two",
+    "tonight",
+    "thanks",
+    "bye",
+    "hotel",
+    "train",
+    "to",
+    "cambridge",
+    "is",
+    "there",
+    "anything",
+    "else",
+    "no",
+    "that",
+    "is",
+    "all",
+    "sure",
+    "done",
+    "what",
+    "time",
+)
 
 
 def synthetic_conversation(i: int, n_turns: int) -> dict[str, Any]:
@@ -27,8 +51,13 @@ def synthetic_conversation(i: int, n_turns: int) -> dict[str, Any]:
             turns.append({"role": "assistant", "content": "you are welcome, goodbye."})
         else:
             turns.append({"role": "assistant", "content": "sure, " + " ".join(reversed(w)) + "."})
-    return {"conversation_id": f"toy/{i}", "source": "toy", "domain": "", "turns": turns,
-            "meta": {"split_group": f"g{i}", "goal": "SECRET-GOAL-TEXT"}}
+    return {
+        "conversation_id": f"toy/{i}",
+        "source": "toy",
+        "domain": "",
+        "turns": turns,
+        "meta": {"split_group": f"g{i}", "goal": "SECRET-GOAL-TEXT"},
+    }
 
 
 def to_messages(rec: dict[str, Any]) -> list[Message]:

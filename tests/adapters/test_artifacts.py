@@ -22,7 +22,6 @@ BASE = ARTIFACTS / "base"
 ADAPTERS = ("completion", "completion-no-end-tag")
 
 
-
 SAMPLE = Path(__file__).resolve().parents[2] / "sidecar" / "tools" / "demo" / "data" / "sample.jsonl.gz"
 
 

@@ -52,10 +52,11 @@ def test_parse_record_keeps_turns_and_never_meta() -> None:
         ({"conversation_id": "a/1", "turns": [{"role": "robot", "content": "x"}]}, "bad message"),
         ({"conversation_id": "a/1", "turns": [{"role": "user", "content": 3}]}, "bad message"),
         ({"conversation_id": "a/1", "turns": ["hi"]}, "bad message"),
-        ({"conversation_id": "a/1", "turns": [{"role": "assistant", "content": "", "tool_calls": [{}]}]},
-         "bad message"),
-        ({"conversation_id": "a/1", "turns": [{"role": "assistant", "content": "", "tool_calls": "x"}]},
-         "bad message"),
+        (
+            {"conversation_id": "a/1", "turns": [{"role": "assistant", "content": "", "tool_calls": [{}]}]},
+            "bad message",
+        ),
+        ({"conversation_id": "a/1", "turns": [{"role": "assistant", "content": "", "tool_calls": "x"}]}, "bad message"),
         ({"conversation_id": "a/1", "turns": [{"role": "user", "content": "x"}] * 3000}, "bad messages"),
     ],
 )
@@ -65,12 +66,17 @@ def test_parse_record_rejects_malformed(rec: Any, msg: str) -> None:
 
 
 def test_taubench_stop_token_is_stripped_and_empty_message_dropped() -> None:
-    rec = {"conversation_id": "taubench_airline/1", "source": "taubench_airline",
-           "turns": [{"role": "user", "content": "cancel my flight"},
-                     {"role": "assistant", "content": "done"},
-                     {"role": "user", "content": "Thanks! ###STOP###"},
-                     {"role": "user", "content": "###STOP###"}],
-           "meta": {"reward": 1.0, "split_group": "task:1"}}
+    rec = {
+        "conversation_id": "taubench_airline/1",
+        "source": "taubench_airline",
+        "turns": [
+            {"role": "user", "content": "cancel my flight"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "Thanks! ###STOP###"},
+            {"role": "user", "content": "###STOP###"},
+        ],
+        "meta": {"reward": 1.0, "split_group": "task:1"},
+    }
     conv = parse_record(rec)
     assert [m.content for m in conv.messages] == ["cancel my flight", "done", "Thanks!"]
     assert conv.real_complete is True
@@ -96,15 +102,23 @@ def test_validation_examples_follow_the_test_protocol(tmp_path: Path) -> None:
     rows = []
     for i, completed in enumerate([True, False, True, True]):
         rec = synthetic_conversation(i, 3)
-        rows.append({"conversation_id": rec["conversation_id"], "messages": rec["turns"], "real_complete": completed,
-                     "real_label_source": "meta.completed (STAR completion_level)"})
+        rows.append(
+            {
+                "conversation_id": rec["conversation_id"],
+                "messages": rec["turns"],
+                "real_complete": completed,
+                "real_label_source": "meta.completed (STAR completion_level)",
+            }
+        )
     (tmp_path / "star" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = validation_examples(tmp_path, "star", skip=1, limit=None)
     # rows 1.. minus the disconnect: two conversations, each complete + its truncated copy
     assert [y for _, y in got] == [True, False, True, False]
     assert [len(m) for m, _ in got] == [6, len(got[1][0]), 6, len(got[3][0])]
-    assert validation_examples(tmp_path, "star", skip=0, limit=1) == validation_examples(tmp_path, "star", skip=0,
-                                                                                           limit=2)[:2]
+    assert (
+        validation_examples(tmp_path, "star", skip=0, limit=1)
+        == validation_examples(tmp_path, "star", skip=0, limit=2)[:2]
+    )
 
 
 def test_split_is_stable_balanced_and_grouped() -> None:
@@ -196,5 +210,8 @@ def test_prepare_dataset_writes_disjoint_sides(toy_dataset_file: Path, tmp_path:
     assert sum(r["complete"] for r in test) == len(test_ids)
     assert all(r["target"].endswith(END_TAG) for r in train)
     for r in train:
-        assert r["input"] + r["target"] == render_text(
-            [Message(role=m["role"], content=m["content"]) for m in r["messages"]], SPECIAL_TOKENS) + END_TAG
+        assert (
+            r["input"] + r["target"]
+            == render_text([Message(role=m["role"], content=m["content"]) for m in r["messages"]], SPECIAL_TOKENS)
+            + END_TAG
+        )

@@ -26,8 +26,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:Fu
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 RESERVED = ["<|reserved_special_token_0|>", "<|reserved_special_token_1|>"]
-CORPUS = ["TURN 1, STEP 1, user chat:\nbook a table for two tonight please",
-          "TURN 1, STEP 2, assistant chat:\nsure, done. you are welcome, goodbye."] * 10
+CORPUS = [
+    "TURN 1, STEP 1, user chat:\nbook a table for two tonight please",
+    "TURN 1, STEP 2, assistant chat:\nsure, done. you are welcome, goodbye.",
+] * 10
 
 
 def stock_base(root: Path, *, reserved: bool, tied: bool = False) -> Path:
@@ -38,10 +40,20 @@ def stock_base(root: Path, *, reserved: bool, tied: bool = False) -> Path:
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS}
     (root / "tokenizer_config.json").write_text(json.dumps(cfg))
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=tied,
-        bos_token_id=0, eos_token_id=1))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=tok.get_vocab_size(),
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            tie_word_embeddings=tied,
+            bos_token_id=0,
+            eos_token_id=1,
+        )
+    )
     model.save_pretrained(str(root), safe_serialization=True)
     return root
 
@@ -82,8 +94,10 @@ def test_a_reserved_special_token_is_reused_without_a_resize(tmp_path: Path) -> 
 
 
 def test_cli_refuses_what_is_not_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--base", str(tmp_path), "--out", str(tmp_path / "o")],
-                 ["--base", str(stock_base(tmp_path / "b", reserved=False)), "--out", str(tmp_path / "b")]):
+    for argv in (
+        ["--base", str(tmp_path), "--out", str(tmp_path / "o")],
+        ["--base", str(stock_base(tmp_path / "b", reserved=False)), "--out", str(tmp_path / "b")],
+    ):
         with pytest.raises(SystemExit) as exc:
             main(["add-end-tag", *argv])
         assert exc.value.code == 2
@@ -100,23 +114,41 @@ def test_vllm_serves_the_converted_base_with_an_adapter_trained_on_it(tmp_path: 
     with (data / "toy" / "train.jsonl").open("w") as fh:
         for i in range(16):
             rec = synthetic_conversation(i, 2)
-            fh.write(json.dumps({"conversation_id": rec["conversation_id"], "messages": rec["turns"],
-                                 "target_start": len(rec["turns"]) - 1}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "conversation_id": rec["conversation_id"],
+                        "messages": rec["turns"],
+                        "target_start": len(rec["turns"]) - 1,
+                    }
+                )
+                + "\n"
+            )
     (data / "manifest.json").write_text("{}\n")
     recipe = LoraRecipe(epochs=2, learning_rate=3e-3, max_context_tokens=256, decision_windows=1)
     train_lora(data, ["toy"], base, tmp_path / "trained", recipe)  # no <|pad|>: pads with eos
     export_adapter(tmp_path / "trained", tmp_path / "adapter", "base")
-    server = LocalVllmServer(LocalVllmSpec(model_dir=base, lora_modules={"completion": tmp_path / "adapter"},
-                                           max_model_len=1024), tmp_path / "vllm.log")
+    server = LocalVllmServer(
+        LocalVllmSpec(model_dir=base, lora_modules={"completion": tmp_path / "adapter"}, max_model_len=1024),
+        tmp_path / "vllm.log",
+    )
     server.start()
     try:
         server.wait_ready_blocking()
         with httpx.Client(timeout=300) as http:
             ids = http.post(server.root_url + "/tokenize", json={"model": "base", "prompt": END_TAG}).json()["tokens"]
             assert end_id in ids
-            resp = http.post(server.base_url + "/completions", json={
-                "model": "completion", "prompt": [5, 6, 7], "max_tokens": 1, "logprobs": 1,
-                "allowed_token_ids": [end_id], "return_tokens_as_token_ids": True}).json()
+            resp = http.post(
+                server.base_url + "/completions",
+                json={
+                    "model": "completion",
+                    "prompt": [5, 6, 7],
+                    "max_tokens": 1,
+                    "logprobs": 1,
+                    "allowed_token_ids": [end_id],
+                    "return_tokens_as_token_ids": True,
+                },
+            ).json()
         assert resp["choices"][0]["logprobs"]["tokens"] == [f"token_id:{end_id}"], resp
     finally:
         server.stop()

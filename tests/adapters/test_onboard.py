@@ -30,9 +30,26 @@ def _traffic(path: Path, n: int, **override: Any) -> Path:
 
 
 def _onboard(tiny: TinyModel, source: Path, out: Path, *extra: str) -> list[str]:
-    return ["onboard", "--agent", "fresh-agent", "--source", str(source), "--out", str(out),
-            "--base", str(tiny.model_dir), "--max-context-tokens", "256", "--lr", "3e-3", "--min-steps", "60",
-            "--batch-size", "8", *extra]
+    return [
+        "onboard",
+        "--agent",
+        "fresh-agent",
+        "--source",
+        str(source),
+        "--out",
+        str(out),
+        "--base",
+        str(tiny.model_dir),
+        "--max-context-tokens",
+        "256",
+        "--lr",
+        "3e-3",
+        "--min-steps",
+        "60",
+        "--batch-size",
+        "8",
+        *extra,
+    ]
 
 
 def _out(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -40,8 +57,9 @@ def _out(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     return result
 
 
-def test_onboard_trains_validates_exports_routes_and_resumes(tiny_model: TinyModel, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_onboard_trains_validates_exports_routes_and_resumes(
+    tiny_model: TinyModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     source = _traffic(tmp_path / "traffic.jsonl", 60)
     config = tmp_path / "sidecar.yaml"
     config.write_text(yaml.safe_dump({"scoring": {"agents": {"fresh-agent": {"tree_sample_rate": 0.5}}}}))
@@ -80,15 +98,19 @@ def test_onboard_trains_validates_exports_routes_and_resumes(tiny_model: TinyMod
     assert timings["train"]["skipped"] and not timings["validate"]["skipped"]
 
 
-@pytest.mark.parametrize(("case", "message"), [
-    ("tiny", "too few conversations for agent 'fresh-agent': 15 usable"),
-    ("no-users", "no usable conversation"),
-    ("empty", "no usable conversation"),
-    ("missing", "no conversations at"),
-    ("single-turn", "at least two turns"),
-])
-def test_onboard_explains_unusable_data(tiny_model: TinyModel, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                        case: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("tiny", "too few conversations for agent 'fresh-agent': 15 usable"),
+        ("no-users", "no usable conversation"),
+        ("empty", "no usable conversation"),
+        ("missing", "no conversations at"),
+        ("single-turn", "at least two turns"),
+    ],
+)
+def test_onboard_explains_unusable_data(
+    tiny_model: TinyModel, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, message: str
+) -> None:
     path = tmp_path / "data.jsonl"
     if case == "tiny":
         _traffic(path, 15)
@@ -104,8 +126,17 @@ def test_onboard_explains_unusable_data(tiny_model: TinyModel, tmp_path: Path, c
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad", [["--agent", "../etc"], ["--holdback-fraction", "1.5"], ["--min-validation-f1", "2"],
-                                 ["--rule", "sometimes"], ["--objective", "luck"], ["--max-conversations", "0"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--agent", "../etc"],
+        ["--holdback-fraction", "1.5"],
+        ["--min-validation-f1", "2"],
+        ["--rule", "sometimes"],
+        ["--objective", "luck"],
+        ["--max-conversations", "0"],
+    ],
+)
 def test_onboard_rejects_bad_arguments(tmp_path: Path, bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["onboard", "--agent", "a", "--source", "x.jsonl", "--out", str(tmp_path), *bad]
     with pytest.raises(SystemExit) as exc:
@@ -198,8 +229,10 @@ def test_general_conversations_are_mixed_in_by_ratio(tmp_path: Path) -> None:
     general = (tmp_path / "data" / "prepared" / MIX_NAME / "train.jsonl").read_text().splitlines()
     assert len(general) == 15 and all("target_start" in json.loads(x) for x in general)
     held = {json.loads(x)["conversation_id"] for x in (tmp_path / "data" / "holdback.jsonl").read_text().splitlines()}
-    trained = {json.loads(x)["conversation_id"]
-               for x in (tmp_path / "data" / "prepared" / "a" / "train.jsonl").read_text().splitlines()}
+    trained = {
+        json.loads(x)["conversation_id"]
+        for x in (tmp_path / "data" / "prepared" / "a" / "train.jsonl").read_text().splitlines()
+    }
     assert not held & trained and len(held | trained) == 40
 
 

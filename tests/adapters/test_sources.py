@@ -39,23 +39,28 @@ def test_any_name_under_a_datasets_dir_and_any_file(tmp_path: Path, capsys: pyte
     assert main(["prepare", "--datasets-dir", str(ddir), "--datasets", "myagent", "--out", str(tmp_path / "p")]) == 0
     assert json.loads(capsys.readouterr().out)["datasets"][0]["dataset"] == "myagent"
     plain = _write(tmp_path / "elsewhere" / "traffic.jsonl", _convs(12, "c"))
-    assert main(["prepare", "--datasets", f"mine={plain},{ddir / 'support-bot.jsonl'}", "--out",
-                 str(tmp_path / "q")]) == 0
+    assert (
+        main(["prepare", "--datasets", f"mine={plain},{ddir / 'support-bot.jsonl'}", "--out", str(tmp_path / "q")]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert [d["dataset"] for d in out["datasets"]] == ["mine", "support-bot"]
     assert (tmp_path / "q" / "mine" / "train.jsonl").exists()
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--datasets", "nope"], "no conversations at 'nope'"),
-    (["--datasets", "bad name=empty"], "invalid name"),
-    (["--datasets", "empty"], "no usable conversation"),
-    (["--datasets", "users-missing"], "1 without a user message"),
-    (["--datasets", "garbage"], "3 malformed"),
-    (["--datasets", "notgzip"], "not a readable gzip"),
-])
-def test_prepare_explains_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
-                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--datasets", "nope"], "no conversations at 'nope'"),
+        (["--datasets", "bad name=empty"], "invalid name"),
+        (["--datasets", "empty"], "no usable conversation"),
+        (["--datasets", "users-missing"], "1 without a user message"),
+        (["--datasets", "garbage"], "3 malformed"),
+        (["--datasets", "notgzip"], "not a readable gzip"),
+    ],
+)
+def test_prepare_explains_unusable_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     ddir = tmp_path / "d"
     _write(ddir / "empty.jsonl", [])
     _write(ddir / "users-missing.jsonl", [{"conversation_id": "x", "turns": [{"role": "assistant", "content": "hi"}]}])
@@ -97,15 +102,20 @@ def test_training_store_root_needs_an_agent(tmp_path: Path) -> None:
 
 def test_prepare_dataset_counts_conversations_without_users(tmp_path: Path) -> None:
     recs = [*_convs(10), {"conversation_id": "nouser", "turns": [{"role": "system", "content": "x"}]}]
-    stats = prepare_dataset(_write(tmp_path / "toy" / "dev.jsonl", recs), tmp_path / "out", seed=0,
-                            max_train=None, max_test=None)
+    stats = prepare_dataset(
+        _write(tmp_path / "toy" / "dev.jsonl", recs), tmp_path / "out", seed=0, max_train=None, max_test=None
+    )
     assert stats["without_user_message"] == 1 and stats["dataset"] == "toy"
 
 
 async def test_kafka_topic_of_contract_v1_events(tmp_path: Path) -> None:
     recs = _convs(4)
-    events = [*conversation_events(recs[0], agent="shop"), *conversation_events(recs[1], agent="shop"),
-              *conversation_events(recs[2], agent="desk"), *conversation_events(recs[3], agent="shop", end=False)]
+    events = [
+        *conversation_events(recs[0], agent="shop"),
+        *conversation_events(recs[1], agent="shop"),
+        *conversation_events(recs[2], agent="desk"),
+        *conversation_events(recs[3], agent="shop", end=False),
+    ]
     with MockKafkaCluster(1) as kafka:
         await produce_raw(kafka.bootstrap_servers, "ev", [*(encode(e) for e in events), (b"k", b"{bad json")])
         source = open_source(f"kafka://{kafka.bootstrap_servers}/ev", agent="shop")

@@ -19,15 +19,21 @@ from sidecar.transcript.render import render_text
 
 hostile_text = st.one_of(
     st.text(max_size=80),
-    st.lists(st.sampled_from([*SPECIAL_TOKENS, "<|", "|>", "end_of_conversation", "\\", "\n\n", "TURN 1, STEP 2"]),
-             max_size=8).map("".join),
+    st.lists(
+        st.sampled_from([*SPECIAL_TOKENS, "<|", "|>", "end_of_conversation", "\\", "\n\n", "TURN 1, STEP 2"]),
+        max_size=8,
+    ).map("".join),
 )
 messages_st = st.lists(
-    st.builds(Message, role=st.sampled_from(["user", "assistant", "tool", "system"]), content=hostile_text,
-              name=st.none() | st.sampled_from(["db", "<|pad|>"]),
-              tool_calls=st.lists(st.builds(ToolCall, name=hostile_text, arguments=hostile_text),
-                                  max_size=1).map(tuple)),
-    min_size=1, max_size=6,
+    st.builds(
+        Message,
+        role=st.sampled_from(["user", "assistant", "tool", "system"]),
+        content=hostile_text,
+        name=st.none() | st.sampled_from(["db", "<|pad|>"]),
+        tool_calls=st.lists(st.builds(ToolCall, name=hostile_text, arguments=hostile_text), max_size=1).map(tuple),
+    ),
+    min_size=1,
+    max_size=6,
 )
 
 
@@ -49,8 +55,9 @@ def test_content_never_yields_a_special_id(toy_tokenizer: Tokenizer, msgs: list[
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(msgs=messages_st, cut=st.integers(0, 6))
-def test_prompt_ids_are_a_prefix_of_the_longer_conversation(toy_tokenizer: Tokenizer, msgs: list[Message],
-                                                             cut: int) -> None:
+def test_prompt_ids_are_a_prefix_of_the_longer_conversation(
+    toy_tokenizer: Tokenizer, msgs: list[Message], cut: int
+) -> None:
     """c_k's ids (what the sidecar sends) are exactly the prefix the model saw in training."""
     full, starts = encode_messages_with_offsets(toy_tokenizer, msgs)
     k = min(cut, len(msgs))

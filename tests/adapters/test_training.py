@@ -29,8 +29,15 @@ from adapters.training.lora import (
 )
 from tests.adapters.conftest import to_messages
 
-TINY = BaseModelSpec(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                     max_position_embeddings=256, window_tokens=128)
+TINY = BaseModelSpec(
+    vocab_size=400,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=256,
+    window_tokens=128,
+)
 
 
 def test_windows_cover_everything() -> None:
@@ -98,14 +105,21 @@ def test_stride_cuts_depend_on_the_conversation_not_on_the_other_data(
     data = tmp_path / "data"
     for name, recs in (("first", toy_records[:20]), ("second", toy_records[20:40])):
         (data / name).mkdir(parents=True)
-        lines = [json.dumps({"conversation_id": r["conversation_id"], "target_start": 1,
-                             "messages": [{"role": t["role"], "content": t["content"]} for t in r["turns"]]})
-                 for r in recs]
+        lines = [
+            json.dumps(
+                {
+                    "conversation_id": r["conversation_id"],
+                    "target_start": 1,
+                    "messages": [{"role": t["role"], "content": t["content"]} for t in r["turns"]],
+                }
+            )
+            for r in recs
+        ]
         (data / name / "train.jsonl").write_text("\n".join(lines) + "\n")
     recipe = LoraRecipe(max_context_tokens=24, window_stride=8, decision_windows=1)
     alone, _ = load_sequences(data, ["second"], model_dir, recipe, with_end_tag=True, max_per_dataset=None)
     both, _ = load_sequences(data, ["first", "second"], model_dir, recipe, with_end_tag=True, max_per_dataset=None)
-    assert both[len(both) - len(alone):] == alone  # a data set in front changes none of the cuts
+    assert both[len(both) - len(alone) :] == alone  # a data set in front changes none of the cuts
     assert len({len(s.input_ids) for s in alone}) > 1  # windows were cut (else the check proves nothing)
 
 
@@ -146,8 +160,7 @@ def test_weighted_loss_equals_the_plain_loss_with_unit_weights() -> None:
     plain = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
     assert float(weighted_lm_loss(model, batch)) == pytest.approx(float(plain), rel=1e-5)
     heavy = collate([TrainSeq([5, 6, 7, 8], [IGNORE, 6, 7, 8], [1.0, 1.0, 1.0, 1e6])], pad_id=2)
-    ce_last = torch.nn.functional.cross_entropy(
-        model(input_ids=heavy["input_ids"]).logits[0, 2:3], torch.tensor([8]))
+    ce_last = torch.nn.functional.cross_entropy(model(input_ids=heavy["input_ids"]).logits[0, 2:3], torch.tensor([8]))
     assert float(weighted_lm_loss(model, heavy)) == pytest.approx(float(ce_last), rel=1e-3)
 
 
@@ -166,10 +179,18 @@ def _tiny_base(tmp_path: Path, toy_tokenizer: Any, toy_records: list[dict[str, A
     for r in toy_records[:24]:
         ids, _ = encode_messages_with_offsets(toy_tokenizer, to_messages(r))
         seqs.append(TrainSeq(ids[:128], ids[:128]))
-    cfg = LoopConfig(epochs=6, batch_size=8, learning_rate=3e-3, weight_decay=0.0, warmup_fraction=0.1, seed=0,
-                     checkpoint_every_steps=5)
-    result = train_loop(model, seqs, cfg, ids_map[PAD], tmp_path / "ckpt.pt",
-                        make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=3e-3))
+    cfg = LoopConfig(
+        epochs=6,
+        batch_size=8,
+        learning_rate=3e-3,
+        weight_decay=0.0,
+        warmup_fraction=0.1,
+        seed=0,
+        checkpoint_every_steps=5,
+    )
+    result = train_loop(
+        model, seqs, cfg, ids_map[PAD], tmp_path / "ckpt.pt", make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=3e-3)
+    )
     out = tmp_path / "base"
     rescale_unseen_rows(model, [ids_map[END_TAG]])
     model.save_pretrained(out, safe_serialization=True)
@@ -177,8 +198,9 @@ def _tiny_base(tmp_path: Path, toy_tokenizer: Any, toy_records: list[dict[str, A
     return out, result
 
 
-def test_base_training_lowers_the_loss_and_resumes(tmp_path: Path, toy_tokenizer: Any,
-                                                   toy_records: list[dict[str, Any]]) -> None:
+def test_base_training_lowers_the_loss_and_resumes(
+    tmp_path: Path, toy_tokenizer: Any, toy_records: list[dict[str, Any]]
+) -> None:
     _, result = _tiny_base(tmp_path, toy_tokenizer, toy_records)
     hist = result["loss_history"]
     assert result["steps"] == 18
@@ -194,18 +216,28 @@ def _write_prepared(tmp_path: Path, toy_records: list[dict[str, Any]], count: in
     (data / "toy").mkdir(parents=True)
     with (data / "toy" / "train.jsonl").open("w") as fh:
         for r in toy_records[:count]:
-            fh.write(json.dumps({"conversation_id": r["conversation_id"], "messages": r["turns"],
-                                 "target_start": len(r["turns"]) - 1}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "conversation_id": r["conversation_id"],
+                        "messages": r["turns"],
+                        "target_start": len(r["turns"]) - 1,
+                    }
+                )
+                + "\n"
+            )
     (data / "manifest.json").write_text("{}\n")
     return data
 
 
-def test_lora_training_lowers_the_loss_and_exports(tmp_path: Path, toy_tokenizer: Any,
-                                                   toy_records: list[dict[str, Any]]) -> None:
+def test_lora_training_lowers_the_loss_and_exports(
+    tmp_path: Path, toy_tokenizer: Any, toy_records: list[dict[str, Any]]
+) -> None:
     base, _ = _tiny_base(tmp_path, toy_tokenizer, toy_records)
     data = _write_prepared(tmp_path, toy_records)
-    recipe = LoraRecipe(rank=8, alpha=16, dropout=0.0, epochs=12, learning_rate=5e-2, batch_size=8,
-                        max_context_tokens=128)
+    recipe = LoraRecipe(
+        rank=8, alpha=16, dropout=0.0, epochs=12, learning_rate=5e-2, batch_size=8, max_context_tokens=128
+    )
     out = tmp_path / "lora"
     result = train_lora(data, ["toy"], base, out, recipe)
     assert result["steps"] == 24
@@ -234,8 +266,9 @@ def test_lora_training_lowers_the_loss_and_exports(tmp_path: Path, toy_tokenizer
         export_adapter(broken, tmp_path / "z", "base")
 
 
-def test_decision_windows_teach_the_end_and_validate_measures_it(tmp_path: Path, toy_tokenizer: Any,
-                                                                 toy_records: list[dict[str, Any]]) -> None:
+def test_decision_windows_teach_the_end_and_validate_measures_it(
+    tmp_path: Path, toy_tokenizer: Any, toy_records: list[dict[str, Any]]
+) -> None:
     from adapters.evaluation.validate import run_validate, validation_examples
 
     base, _ = _tiny_base(tmp_path, toy_tokenizer, toy_records)
@@ -245,8 +278,17 @@ def test_decision_windows_teach_the_end_and_validate_measures_it(tmp_path: Path,
     before = run_validate(data, ["toy"], base, None, skip=40, limit=None, max_context_tokens=128)
     assert before["results"]["toy"]["f1_complete"] == 0.0  # the base never saw the end tag
     assert before["results"]["toy"]["roc_auc"] < 0.5
-    recipe = LoraRecipe(rank=8, alpha=16, dropout=0.0, epochs=6, learning_rate=1e-2, batch_size=8,
-                        max_context_tokens=128, loss_on="decisions", decision_windows=3)
+    recipe = LoraRecipe(
+        rank=8,
+        alpha=16,
+        dropout=0.0,
+        epochs=6,
+        learning_rate=1e-2,
+        batch_size=8,
+        max_context_tokens=128,
+        loss_on="decisions",
+        decision_windows=3,
+    )
     result = train_lora(data, ["toy"], base, tmp_path / "lora", recipe, max_per_dataset=40)
     assert result["sequences"] > 40  # whole conversations plus their windows
     manifest = json.loads((tmp_path / "lora" / "manifest.json").read_text())
@@ -266,8 +308,12 @@ def test_metrics_match_sklearn_and_count_both_classes() -> None:
     scores = [0.9, 0.4, 0.4, 0.1, 0.8, 0.7, 0.4]
     assert roc_auc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-4)
     m = binary_metrics(labels, [s >= 0.5 for s in scores], scores)
-    assert m["confusion"] == {"true_complete_pred_complete": 2, "true_complete_pred_incomplete": 2,
-                              "true_incomplete_pred_complete": 1, "true_incomplete_pred_incomplete": 2}
+    assert m["confusion"] == {
+        "true_complete_pred_complete": 2,
+        "true_complete_pred_incomplete": 2,
+        "true_incomplete_pred_complete": 1,
+        "true_incomplete_pred_incomplete": 2,
+    }
     assert m["complete"]["precision"] == pytest.approx(2 / 3, abs=1e-4)
     assert m["incomplete"]["recall"] == pytest.approx(2 / 3, abs=1e-4)
     assert roc_auc([True], [0.3]) is None
@@ -275,9 +321,15 @@ def test_metrics_match_sklearn_and_count_both_classes() -> None:
         binary_metrics([True], [])
 
 
-@pytest.mark.parametrize("argv", [["prepare", "--out", "x", "--datasets", ","],
-                                  ["prepare", "--out", "x", "--max-train", "0"],
-                                  ["train-lora", "--data", "d", "--base", "b"], []])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["prepare", "--out", "x", "--datasets", ","],
+        ["prepare", "--out", "x", "--max-train", "0"],
+        ["train-lora", "--data", "d", "--base", "b"],
+        [],
+    ],
+)
 def test_cli_rejects_bad_arguments(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(argv)

@@ -26,18 +26,35 @@ from tests.adapters.conftest import to_messages
 
 
 @pytest.fixture(scope="module")
-def exported_toy_adapter(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory,
-                         toy_records: list[dict[str, Any]]) -> Path:
+def exported_toy_adapter(
+    vllm_server: Any, tmp_path_factory: pytest.TempPathFactory, toy_records: list[dict[str, Any]]
+) -> Path:
     root = tmp_path_factory.mktemp("toy-adapter")
     data = root / "prepared"
     (data / "toy").mkdir(parents=True)
     with (data / "toy" / "train.jsonl").open("w") as fh:
         for r in toy_records[:8]:
-            fh.write(json.dumps({"conversation_id": r["conversation_id"], "messages": r["turns"],
-                                 "target_start": len(r["turns"]) - 1}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "conversation_id": r["conversation_id"],
+                        "messages": r["turns"],
+                        "target_start": len(r["turns"]) - 1,
+                    }
+                )
+                + "\n"
+            )
     (data / "manifest.json").write_text("{}\n")
-    recipe = LoraRecipe(rank=8, alpha=16, dropout=0.0, epochs=3, learning_rate=2e-2, batch_size=8,
-                        max_context_tokens=256, target_modules=("q_proj", "v_proj"))
+    recipe = LoraRecipe(
+        rank=8,
+        alpha=16,
+        dropout=0.0,
+        epochs=3,
+        learning_rate=2e-2,
+        batch_size=8,
+        max_context_tokens=256,
+        target_modules=("q_proj", "v_proj"),
+    )
     train_lora(data, ["toy"], vllm_server.model_dir, root / "trained", recipe)
     export_adapter(root / "trained", root / "exported", "base", max_lora_rank=8)
     vllm_server.load_adapter("adapters-toy", root / "exported")
@@ -60,8 +77,9 @@ def _hf_end_logprobs(model_dir: Path, adapter_dir: Path, prompts: list[list[int]
     return out
 
 
-async def test_exported_adapter_loads_and_serves_what_it_learned(vllm_server: Any, exported_toy_adapter: Path,
-                                                                 toy_records: list[dict[str, Any]]) -> None:
+async def test_exported_adapter_loads_and_serves_what_it_learned(
+    vllm_server: Any, exported_toy_adapter: Path, toy_records: list[dict[str, Any]]
+) -> None:
     """Through the sidecar's scoring path, vLLM serves the adapter as peft computes it; it differs from the base."""
     tok = load_tokenizer(vllm_server.model_dir)
     end_id = special_id(tok, END_TAG)

@@ -23,9 +23,7 @@ from sidecar.lifecycle import Health
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message
 
-SCHEMA = json.loads(
-    (Path(__file__).resolve().parents[2] / "sidecar" / "schemas" / "alert-v1.schema.json").read_text()
-)
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "sidecar" / "schemas" / "alert-v1.schema.json").read_text())
 USER = Message("user", "help")
 BOT = Message("assistant", "sure")
 
@@ -77,8 +75,16 @@ def tree_effect(cid: str, leaves: int, lp: float, turn: int = 1) -> Effect:
 
 
 def end_effect(cid: str, *, complete: bool, end_reason: str = "end_event", last: Message = BOT) -> Effect:
-    ctx = TurnContext("conversation_ended", cid, 2, (USER, BOT, USER, last), "booking", None,
-                      end_reason=end_reason, triggered_at_unix=time.time())  # type: ignore[arg-type]
+    ctx = TurnContext(
+        "conversation_ended",
+        cid,
+        2,
+        (USER, BOT, USER, last),
+        "booking",
+        None,
+        end_reason=end_reason,
+        triggered_at_unix=time.time(),
+    )  # type: ignore[arg-type]
     final = CompletionScored(0.1 if not complete else 0.9, complete, "adapter", "completion", True, "pay the bill")
     return Effect(ctx, (final, GoalAssigned("ab12-g3")), {"complete": complete})
 
@@ -104,9 +110,13 @@ async def test_uncertain_turn_alert_is_valid_and_stable() -> None:
     sink = RecordingSink()
     esc, registry = make(cfg(tree_view_base_url="https://sidecar.example/"), sink)
     await warm(esc, sink)
-    before = flagged(registry), registry.get_sample_value(
-        "sidecar_alerts_total", {"kind": "uncertain_turn", "sink": "rec", "outcome": "delivered"}
-    ) or 0.0
+    before = (
+        flagged(registry),
+        registry.get_sample_value(
+            "sidecar_alerts_total", {"kind": "uncertain_turn", "sink": "rec", "outcome": "delivered"}
+        )
+        or 0.0,
+    )
     await settle(esc.offer(tree_effect("hot", 40, -80.0)))
     [alert] = sink.sent
     payload = alert.payload()
@@ -116,9 +126,12 @@ async def test_uncertain_turn_alert_is_valid_and_stable() -> None:
     assert payload["tree_url"] == f"https://sidecar.example/trees/{payload['id']}"
     assert payload["details"]["leaves"] == 40 and "text" not in payload  # no text unless allowed
     assert flagged(registry) == before[0] + 1
-    assert registry.get_sample_value(
-        "sidecar_alerts_total", {"kind": "uncertain_turn", "sink": "rec", "outcome": "delivered"}
-    ) == before[1] + 1
+    assert (
+        registry.get_sample_value(
+            "sidecar_alerts_total", {"kind": "uncertain_turn", "sink": "rec", "outcome": "delivered"}
+        )
+        == before[1] + 1
+    )
     latency = registry.get_sample_value(
         "sidecar_escalation_latency_seconds_count", {"kind": "uncertain_turn", "sink": "rec"}
     )
@@ -132,8 +145,11 @@ async def test_incomplete_and_stalled_endings() -> None:
     await settle(esc.offer(end_effect("left", complete=False)))
     await settle(esc.offer(end_effect("ghosted", complete=False, end_reason="idle_ttl", last=USER)))
     kinds = sorted((a.conversation_id, a.kind) for a in sink.sent)
-    assert kinds == [("ghosted", "conversation_incomplete"), ("ghosted", "conversation_stalled"),
-                     ("left", "conversation_incomplete")]
+    assert kinds == [
+        ("ghosted", "conversation_incomplete"),
+        ("ghosted", "conversation_stalled"),
+        ("left", "conversation_incomplete"),
+    ]
     left = next(a for a in sink.sent if a.conversation_id == "left")
     assert left.text == {"remaining_tasks": "pay the bill"} and left.goal == "ab12-g3"
     for a in sink.sent:
@@ -156,9 +172,12 @@ async def test_a_rejected_alert_is_counted_and_the_others_still_go_out() -> None
     esc, registry = make(cfg(), bad, good)
     await settle(esc.offer(end_effect("c", complete=False)))
     assert len(good.sent) == 1 and bad.sent == []
-    assert registry.get_sample_value(
-        "sidecar_alerts_total", {"kind": "conversation_incomplete", "sink": "bad", "outcome": "rejected"}
-    ) == 1
+    assert (
+        registry.get_sample_value(
+            "sidecar_alerts_total", {"kind": "conversation_incomplete", "sink": "bad", "outcome": "rejected"}
+        )
+        == 1
+    )
 
 
 async def test_cancellation_propagates_out_of_a_waiting_delivery() -> None:
@@ -177,9 +196,12 @@ async def test_rate_limit_suppresses_and_counts() -> None:
     for i in range(5):
         await settle(esc.offer(end_effect(f"c{i}", complete=False)))
     assert len(sink.sent) == 3
-    assert registry.get_sample_value(
-        "sidecar_alerts_suppressed_total", {"kind": "conversation_incomplete", "reason": "rate_limit"}
-    ) == 2
+    assert (
+        registry.get_sample_value(
+            "sidecar_alerts_suppressed_total", {"kind": "conversation_incomplete", "reason": "rate_limit"}
+        )
+        == 2
+    )
 
 
 async def test_disabled_alerting_still_judges_turns_but_sends_nothing() -> None:
@@ -201,8 +223,20 @@ async def test_per_agent_policy_and_kinds_switched_off() -> None:
 
 
 def test_non_finite_details_become_null_in_the_payload() -> None:
-    a = Alert("0" * 32, "uncertain_turn", "warning", "c", 1, "a", None, None, None, 0.0, "s",
-              details={"max_logprob": float("-inf"), "x": float("nan")})
+    a = Alert(
+        "0" * 32,
+        "uncertain_turn",
+        "warning",
+        "c",
+        1,
+        "a",
+        None,
+        None,
+        None,
+        0.0,
+        "s",
+        details={"max_logprob": float("-inf"), "x": float("nan")},
+    )
     payload = a.payload()
     assert payload["details"] == {"max_logprob": None, "x": None}
     jsonschema.validate(payload, SCHEMA)

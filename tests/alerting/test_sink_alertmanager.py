@@ -146,9 +146,18 @@ async def _status_of(status: int, **overrides: Any) -> tuple[AlertmanagerAlertSi
 
 @pytest.mark.parametrize(
     ("status", "error"),
-    [(200, None), (202, None), (408, AlertDeliveryError), (429, AlertDeliveryError), (500, AlertDeliveryError),
-     (503, AlertDeliveryError), (400, AlertRejected), (401, AlertRejected), (404, AlertRejected),
-     (302, AlertRejected)],
+    [
+        (200, None),
+        (202, None),
+        (408, AlertDeliveryError),
+        (429, AlertDeliveryError),
+        (500, AlertDeliveryError),
+        (503, AlertDeliveryError),
+        (400, AlertRejected),
+        (401, AlertRejected),
+        (404, AlertRejected),
+        (302, AlertRejected),
+    ],
 )
 async def test_status_classification(status: int, error: type[Exception] | None) -> None:
     sink, seen = await _status_of(status, bearer_token=SecretStr("tok-123"))

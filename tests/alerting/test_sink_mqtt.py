@@ -82,16 +82,19 @@ class Subscriber:
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 @pytest.mark.parametrize("qos", [1, 2])
 async def test_alerts_arrive_acknowledged_with_topic_and_payload(
-    shared_mosquitto: int, protocol: Literal["5", "3.1.1"], qos: Literal[1, 2],
+    shared_mosquitto: int,
+    protocol: Literal["5", "3.1.1"],
+    qos: Literal[1, 2],
     validate_payload: Callable[[Any], None],
 ) -> None:
     # QoS 2: each send returns only after the broker's PUBCOMP (the four-packet exchange); the
     # subscriber asks for QoS 2 too, so the broker delivers at the QoS the sink published with.
     prefix = f"sidecar-test/{uuid.uuid4().hex}"
     alerts = [make_alert(n) for n in range(20)]
-    async with Subscriber(shared_mosquitto, prefix + "/#", qos=qos).listening() as sub, running(
-        sink_config(shared_mosquitto, prefix, protocol=protocol, qos=qos)
-    ) as sink:
+    async with (
+        Subscriber(shared_mosquitto, prefix + "/#", qos=qos).listening() as sub,
+        running(sink_config(shared_mosquitto, prefix, protocol=protocol, qos=qos)) as sink,
+    ):
         await asyncio.gather(*(sink.send(a) for a in alerts))  # concurrent sends, each acknowledged
         assert sink.health().ready
         await wait_until(lambda: len(sub.messages) >= len(alerts), "20 alerts at the subscriber")
@@ -114,9 +117,10 @@ async def test_hostile_values_cannot_change_the_topic_levels(
     alert = hostile_alert(1)
     # Exactly three levels under the prefix, the last one the kind: a value that added a level,
     # or a wildcard the broker refused, would miss this subscription.
-    async with Subscriber(shared_mosquitto, prefix + "/+/+/uncertain_turn").listening() as sub, running(
-        sink_config(shared_mosquitto, prefix)
-    ) as sink:
+    async with (
+        Subscriber(shared_mosquitto, prefix + "/+/+/uncertain_turn").listening() as sub,
+        running(sink_config(shared_mosquitto, prefix)) as sink,
+    ):
         await sink.send(alert)
         await wait_until(lambda: len(sub.messages) == 1, "the hostile alert at the subscriber")
     topic = str(sub.messages[0].topic)
@@ -188,9 +192,26 @@ async def test_a_publish_the_broker_refuses_is_rejected(tmp_path: Path) -> None:
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
     cert, key = tmp_path / "server.pem", tmp_path / "server.key"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert, key
 

@@ -57,7 +57,12 @@ def test_the_worst_case_stays_under_the_stated_bound() -> None:
     # Every string at its cap and made of control characters (6 bytes each once escaped).
     worst = "\x01" * 100_000
     alert = make_alert(
-        summary=worst, agent=worst, tenant=worst, goal=worst, conversation_id=worst, tree_url=worst,
+        summary=worst,
+        agent=worst,
+        tenant=worst,
+        goal=worst,
+        conversation_id=worst,
+        tree_url=worst,
         details={worst + str(i): worst for i in range(100)},
         text={"best_branch": worst, "remaining_tasks": worst},
     )

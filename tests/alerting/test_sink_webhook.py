@@ -67,9 +67,7 @@ async def receiving(secret: str = SECRET) -> AsyncIterator[Receiver]:
 async def running(
     url: str, secret: str | None = SECRET, transport: httpx.AsyncBaseTransport | None = None
 ) -> AsyncIterator[WebhookAlertSink]:
-    cfg = WebhookSinkConfig(
-        enabled=True, url=url, secret=SecretStr(secret) if secret else None, timeout_seconds=5
-    )
+    cfg = WebhookSinkConfig(enabled=True, url=url, secret=SecretStr(secret) if secret else None, timeout_seconds=5)
     sink = WebhookAlertSink(cfg, transport=transport)
     await sink.start()
     try:
@@ -152,8 +150,14 @@ async def test_without_a_secret_alerts_go_unsigned_with_id_and_timestamp() -> No
 
 @pytest.mark.parametrize(
     ("status", "error"),
-    [(500, AlertDeliveryError), (503, AlertDeliveryError), (429, AlertDeliveryError), (408, AlertDeliveryError),
-     (400, AlertRejected), (410, AlertRejected)],
+    [
+        (500, AlertDeliveryError),
+        (503, AlertDeliveryError),
+        (429, AlertDeliveryError),
+        (408, AlertDeliveryError),
+        (400, AlertRejected),
+        (410, AlertRejected),
+    ],
 )
 async def test_receiver_answers_are_classified(status: int, error: type[Exception]) -> None:
     async with receiving() as receiver, running(receiver.url) as sink:

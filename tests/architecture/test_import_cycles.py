@@ -133,9 +133,9 @@ def test_no_import_cycles() -> None:
     graph = import_graph()
     cycles = strongly_connected(graph)
     described = [
-        " <-> ".join(component) + "\n    " + "\n    ".join(
-            f"{a} -> {b}" for a in component for b in sorted(graph[a]) if b in component
-        )
+        " <-> ".join(component)
+        + "\n    "
+        + "\n    ".join(f"{a} -> {b}" for a in component for b in sorted(graph[a]) if b in component)
         for component in cycles
     ]
     assert not cycles, "import cycles:\n" + "\n".join(described)

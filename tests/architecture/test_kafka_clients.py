@@ -13,8 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 ONE_PLACE = ROOT / "sidecar" / "kafka_clients.py"
 CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"}
 CONNECTION_KEYWORDS = {
-    "bootstrap_servers", "client_id", "request_timeout_ms", "security_protocol", "ssl_context",
-    "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "sasl_kerberos_service_name",
+    "bootstrap_servers",
+    "client_id",
+    "request_timeout_ms",
+    "security_protocol",
+    "ssl_context",
+    "sasl_mechanism",
+    "sasl_plain_username",
+    "sasl_plain_password",
+    "sasl_kerberos_service_name",
 }
 
 
@@ -51,10 +58,12 @@ def test_kafka_clients_take_their_connection_from_one_module() -> None:
 
 def test_the_check_sees_a_client_with_its_own_brokers(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("from aiokafka import AIOKafkaProducer\n"
-                   "p = AIOKafkaProducer(bootstrap_servers='h:9092', acks='all')\n")
+    bad.write_text(
+        "from aiokafka import AIOKafkaProducer\np = AIOKafkaProducer(bootstrap_servers='h:9092', acks='all')\n"
+    )
     sneaky = tmp_path / "sneaky.py"
     sneaky.write_text("import aiokafka.helpers as h\nctx = h.create_ssl_context(cafile='ca.pem')\n")
     assert offenders([bad, sneaky], root=tmp_path) == [
-        "bad.py:2: AIOKafkaProducer with its own bootstrap_servers", "sneaky.py:2: builds its own TLS context",
+        "bad.py:2: AIOKafkaProducer with its own bootstrap_servers",
+        "sneaky.py:2: builds its own TLS context",
     ]

@@ -28,7 +28,8 @@ def runtime_imports() -> list[str]:
         f"{imp.module}:{imp.line} imports {imp.target}"
         for imp in all_imports("sidecar")
         if not within(imp.module, TOOLS) and imp.module not in FRONT_DOOR
-        if within(imp.target, TOOLS) or within(imp.target, "adapters")
+        if within(imp.target, TOOLS)
+        or within(imp.target, "adapters")
         or any(within(imp.target, dep) for dep in TOOL_ONLY_DEPENDENCIES)
     ]
 
@@ -45,17 +46,14 @@ def test_the_import_check_sees_a_lazy_tool_import(tmp_path: Path, monkeypatch: p
     (pkg / "scoring").mkdir(parents=True)
     (pkg / "scoring" / "x.py").write_text("def f():\n    from sidecar.tools.demo import cli\n")
     monkeypatch.setattr(imports, "REPO", tmp_path)
-    found = [
-        (i.module, i.target) for i in imports.all_imports("sidecar") if within(i.target, TOOLS)
-    ]
+    found = [(i.module, i.target) for i in imports.all_imports("sidecar") if within(i.target, TOOLS)]
     assert found == [("sidecar.scoring.x", "sidecar.tools.demo.cli")]
 
 
 def test_tools_live_under_sidecar_tools() -> None:
-    misplaced = [
-        name for name in ("demo", "eval", "simulator") if (REPO / "sidecar" / name).exists()
-    ] + [
-        path for path in ("sidecar/judge/cli.py", "sidecar/clustering/cli.py", "sidecar/scoring/local_vllm.py")
+    misplaced = [name for name in ("demo", "eval", "simulator") if (REPO / "sidecar" / name).exists()] + [
+        path
+        for path in ("sidecar/judge/cli.py", "sidecar/clustering/cli.py", "sidecar/scoring/local_vllm.py")
         if (REPO / path).exists()
     ]
     assert misplaced == []

@@ -143,11 +143,13 @@ def _result_sink(which: str) -> Callable[[Path, dict[str, Any]], Component]:
 
     def make(_tmp: Path, _env: dict[str, Any]) -> Component:
         url = f"http://127.0.0.1:{_closed_port()}"
-        config = EvaluationsConfig.model_validate({
-            "otlp": {"enabled": which == "otlp", "endpoint": url + "/v1/logs"},
-            "langfuse": {"enabled": which == "langfuse", "url": url, "public_key": "pk", "secret_key": "sk"},
-            "phoenix": {"enabled": which == "phoenix", "url": url},
-        })
+        config = EvaluationsConfig.model_validate(
+            {
+                "otlp": {"enabled": which == "otlp", "endpoint": url + "/v1/logs"},
+                "langfuse": {"enabled": which == "langfuse", "url": url, "public_key": "pk", "secret_key": "sk"},
+                "phoenix": {"enabled": which == "phoenix", "url": url},
+            }
+        )
         (sink,) = build_result_sinks(config, CollectorRegistry())
         return sink
 

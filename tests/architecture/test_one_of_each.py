@@ -81,9 +81,13 @@ def message_parsers(root: Path = REPO) -> list[str]:
 
 
 def _is_two_times(node: ast.AST) -> bool:
-    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and (
-        any(isinstance(side, ast.Constant) and side.value in (2, 2.0) for side in (node.left, node.right))
-        or _is_two_times(node.left)
+    return (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mult)
+        and (
+            any(isinstance(side, ast.Constant) and side.value in (2, 2.0) for side in (node.left, node.right))
+            or _is_two_times(node.left)
+        )
     )
 
 
@@ -97,11 +101,18 @@ def metric_copies(root: Path = REPO) -> list[str]:
         if module == METRICS:
             continue
         for node in ast.walk(tree):
-            if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and METRIC_NAME.search(node.name)
-                    and f"{module}.{node.name}" not in F1_READERS):
+            if (
+                isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and METRIC_NAME.search(node.name)
+                and f"{module}.{node.name}" not in F1_READERS
+            ):
                 found.append(f"{module}:{node.lineno} defines {node.name}")
-            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _is_two_times(node.left)
-                    and _is_sum(node.right)):
+            if (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Div)
+                and _is_two_times(node.left)
+                and _is_sum(node.right)
+            ):
                 found.append(f"{module}:{node.lineno} computes a harmonic mean")
     return found
 

@@ -43,8 +43,12 @@ def _ts(iso: str | None) -> float | None:
 def _pcts(values: list[float]) -> dict[str, float | int]:
     if not values:
         return {"n": 0}
-    return {"n": len(values), "p50": round(float(np.percentile(values, 50)), 2),
-            "p95": round(float(np.percentile(values, 95)), 2), "max": round(max(values), 2)}
+    return {
+        "n": len(values),
+        "p50": round(float(np.percentile(values, 50)), 2),
+        "p95": round(float(np.percentile(values, 95)), 2),
+        "max": round(max(values), 2),
+    }
 
 
 async def one_rate(bootstrap: str, url: str, rate: float, n: int, tmp: Path) -> dict[str, Any]:
@@ -52,8 +56,13 @@ async def one_rate(bootstrap: str, url: str, rate: float, n: int, tmp: Path) -> 
     base, adapter = models.bundled_model() or (None, None)
     assert base is not None and adapter is not None
     overrides = {
-        "kafka": {"bootstrap_servers": bootstrap, "topic": topic, "group_id": f"g-{topic}",
-                  "results_topic": f"{topic}.results", "dead_letter_topic": f"{topic}.dlq"},
+        "kafka": {
+            "bootstrap_servers": bootstrap,
+            "topic": topic,
+            "group_id": f"g-{topic}",
+            "results_topic": f"{topic}.results",
+            "dead_letter_topic": f"{topic}.dlq",
+        },
         "http": {"host": "127.0.0.1", "port": 0},
         "logging": {"level": "warning", "format": "json"},
         "state": {"turn_debounce_seconds": 5},
@@ -93,7 +102,8 @@ async def one_rate(bootstrap: str, url: str, rate: float, n: int, tmp: Path) -> 
     alerts = [json.loads(r.value) for r in await read_topic(bootstrap, f"{topic}.alerts")]
     alert_lat = [
         _ts(a["created_at"]) - _ts(a["triggered_at"])  # type: ignore[operator]
-        for a in alerts if a["kind"] == "uncertain_turn" and a["triggered_at"]
+        for a in alerts
+        if a["kind"] == "uncertain_turn" and a["triggered_at"]
     ]
     return {
         "rate_events_per_s": rate,

@@ -72,13 +72,24 @@ class _AckingProducer:
 async def processor_cpu(records: list[_Record]) -> float:
     """CPU seconds per record through a PartitionProcessor."""
     metrics = StreamMetrics(CollectorRegistry())
-    cfg = KafkaConfig(bootstrap_servers="unused:9092", topic="t", group_id="bench", results_topic="t.results",
-                      dead_letter_topic="t.dlq")
+    cfg = KafkaConfig(
+        bootstrap_servers="unused:9092",
+        topic="t",
+        group_id="bench",
+        results_topic="t.results",
+        dead_letter_topic="t.dlq",
+    )
     writer = KafkaResultsWriter(_AckingProducer(), cfg, metrics, JournalSigner([]))
     await writer.partition_count()
     processor = PartitionProcessor(
-        partition=0, state_config=StateConfig(), hooks=RecordingHooks(), results=writer,
-        dead_letters=FakeJournal(), metrics=metrics, recovery=Recovery(0, 0, 0, 0), max_record_bytes=1 << 20,
+        partition=0,
+        state_config=StateConfig(),
+        hooks=RecordingHooks(),
+        results=writer,
+        dead_letters=FakeJournal(),
+        metrics=metrics,
+        recovery=Recovery(0, 0, 0, 0),
+        max_record_bytes=1 << 20,
         max_pending=4096,
     )
     received = time.monotonic()
@@ -105,8 +116,9 @@ def baseline_cpu(records: list[_Record]) -> float:
     for rec in records:
         ev = decode_event(rec.value, rec.key, max_bytes=1 << 20)
         for k in range(hooks_of(rec.value or b"{}")):
-            value = encode({"conversation_id": ev.conversation_id, "seq": ev.seq, "hook": k,
-                            "outcome": {"recorded": True}})
+            value = encode(
+                {"conversation_id": ev.conversation_id, "seq": ev.seq, "hook": k, "outcome": {"recorded": True}}
+            )
             if builder.append(timestamp=None, key=rec.key, value=value) is None:
                 builder = BatchBuilder(16384, 0)
                 builder.append(timestamp=None, key=rec.key, value=value)
@@ -133,9 +145,11 @@ def main() -> None:
         side.append(asyncio.run(processor_cpu(records)))
         base.append(baseline_cpu(records) - _baseline_hooks(records))
     s, b = min(side), min(base)
-    print(f"processor alone (no Kafka I/O): {s * 1e6:.1f} us CPU per record (best of {args.rounds}); "
-          f"baseline decode + one outcome per hook into a batch builder: {b * 1e6:.1f} us -> ratio "
-          f"{b / s:.2f}; {len(records)} MultiWOZ records")
+    print(
+        f"processor alone (no Kafka I/O): {s * 1e6:.1f} us CPU per record (best of {args.rounds}); "
+        f"baseline decode + one outcome per hook into a batch builder: {b * 1e6:.1f} us -> ratio "
+        f"{b / s:.2f}; {len(records)} MultiWOZ records"
+    )
 
 
 if __name__ == "__main__":

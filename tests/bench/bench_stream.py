@@ -53,8 +53,14 @@ def real_events(target: int) -> list[tuple[bytes, bytes]]:
 
 
 async def bare_loop(bs: str, topic: str, n: int, *, parse: bool = False) -> float:
-    c = AIOKafkaConsumer(topic, bootstrap_servers=bs, group_id=f"bench-bare-{parse}", enable_auto_commit=False,
-                         auto_offset_reset="earliest", max_poll_records=500)
+    c = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bs,
+        group_id=f"bench-bare-{parse}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=500,
+    )
     await c.start()
     got = 0
     t0 = 0.0
@@ -89,8 +95,14 @@ async def honest_baseline(bs: str, topic: str, n: int) -> float:
     """The minimum honest work per event: consume it, decode and validate it with the sidecar's own
     decoder, and produce one small outcome record per hook it triggers (batched with the producer's
     batch API, as the sidecar's journal writer does). No state, no exactly-once bookkeeping."""
-    c = AIOKafkaConsumer(topic, bootstrap_servers=bs, group_id="bench-honest", enable_auto_commit=False,
-                         auto_offset_reset="earliest", max_poll_records=2000)
+    c = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bs,
+        group_id="bench-honest",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=2000,
+    )
     p = AIOKafkaProducer(bootstrap_servers=bs, acks="all", enable_idempotence=True, linger_ms=5)
     await c.start()
     await p.start()
@@ -107,8 +119,14 @@ async def honest_baseline(bs: str, topic: str, n: int) -> float:
                 for r in recs:
                     ev = decode_event(r.value, r.key, max_bytes=1_048_576)
                     for k in range(hooks_of(r.value)):
-                        value = json.dumps({"conversation_id": ev.conversation_id, "seq": ev.seq, "hook": k,
-                                            "outcome": {"recorded": True}}).encode()
+                        value = json.dumps(
+                            {
+                                "conversation_id": ev.conversation_id,
+                                "seq": ev.seq,
+                                "hook": k,
+                                "outcome": {"recorded": True},
+                            }
+                        ).encode()
                         if builder.append(timestamp=None, key=r.key, value=value) is None:
                             pending.append(await p.send_batch(builder, f"{topic}.honest", partition=tp.partition))
                             builder = p.create_batch()
@@ -135,8 +153,10 @@ async def require_whole_topic(bs: str, topic: str) -> None:
     finally:
         await c.stop()
     if dropped:
-        raise SystemExit(f"the mock cluster dropped the oldest records of partitions {dropped} (first offset "
-                         "kept): too many events for its log; run with fewer --events")
+        raise SystemExit(
+            f"the mock cluster dropped the oldest records of partitions {dropped} (first offset "
+            "kept): too many events for its log; run with fewer --events"
+        )
 
 
 def quantile_from_histogram(registry: CollectorRegistry, name: str, q: float) -> float:
@@ -163,17 +183,29 @@ def quantile_from_histogram(registry: CollectorRegistry, name: str, q: float) ->
     return prev_edge
 
 
-async def sidecar_run(bs: str, topic: str, n: int, tmp: Path, rate: float | None = None,
-                      events: list[dict[str, Any]] | None = None) -> tuple[float, float, float]:
+async def sidecar_run(
+    bs: str, topic: str, n: int, tmp: Path, rate: float | None = None, events: list[dict[str, Any]] | None = None
+) -> tuple[float, float, float]:
     """Throughput (when the topic is pre-filled) or, with ``rate``, latency while producing live."""
     cfg_path = tmp / "bench.yaml"
-    cfg_path.write_text(json.dumps({
-        "kafka": {"bootstrap_servers": bs, "topic": topic, "group_id": f"bench-sidecar-{topic}",
-                  "dead_letter_topic": f"{topic}.dlq", "results_topic": f"{topic}.results",
-                  "fetch_max_records": 2000, "partition_queue_batches": 16, "max_pending_effects_per_partition": 4096},
-        "http": {"host": "127.0.0.1", "port": 0},
-        "logging": {"level": "warning"},
-    }))
+    cfg_path.write_text(
+        json.dumps(
+            {
+                "kafka": {
+                    "bootstrap_servers": bs,
+                    "topic": topic,
+                    "group_id": f"bench-sidecar-{topic}",
+                    "dead_letter_topic": f"{topic}.dlq",
+                    "results_topic": f"{topic}.results",
+                    "fetch_max_records": 2000,
+                    "partition_queue_batches": 16,
+                    "max_pending_effects_per_partition": 4096,
+                },
+                "http": {"host": "127.0.0.1", "port": 0},
+                "logging": {"level": "warning"},
+            }
+        )
+    )
     cfg = load_config(cfg_path)
     registry = CollectorRegistry()
     stop = asyncio.Event()
@@ -246,21 +278,28 @@ async def main() -> None:
         bare_json = await bare_loop(bs, "bench", n, parse=True)
         honest = await honest_baseline(bs, "bench", n)
         side, _, _ = await sidecar_run(bs, "bench", n, Path(tmp))
-        print(f"(1) throughput: sidecar {side:,.0f} events/s = {1e6 / side:.1f} us per event (target <= 40); "
-              f"honest baseline (consume + decode + one batched outcome per hook) {honest:,.0f} events/s "
-              f"-> ratio {side / honest:.2f} (target >= 0.5); bare aiokafka loop {bare:,.0f} events/s -> ratio "
-              f"{side / bare:.2f}; bare loop that also json-parses each value {bare_json:,.0f} events/s -> ratio "
-              f"{side / bare_json:.2f}", flush=True)
+        print(
+            f"(1) throughput: sidecar {side:,.0f} events/s = {1e6 / side:.1f} us per event (target <= 40); "
+            f"honest baseline (consume + decode + one batched outcome per hook) {honest:,.0f} events/s "
+            f"-> ratio {side / honest:.2f} (target >= 0.5); bare aiokafka loop {bare:,.0f} events/s -> ratio "
+            f"{side / bare:.2f}; bare loop that also json-parses each value {bare_json:,.0f} events/s -> ratio "
+            f"{side / bare_json:.2f}",
+            flush=True,
+        )
         live = [json.loads(v) for _, v in real_events(args.latency_events)]
         for e in live:
             e["conversation_id"] = "live-" + e["conversation_id"]
             e["event_id"] = "live-" + e["event_id"]
         _, p50, p99 = await sidecar_run(bs, "live", len(live), Path(tmp), rate=args.latency_rate, events=live)
     per_conv, text = memory_per_conversation(args.open_conversations)
-    print(f"(2) memory: {per_conv:,.0f} bytes per open conversation beyond its text "
-          f"({args.open_conversations:,} open, 4 messages each, {text:,.0f} bytes of text each) (target <= 2048)")
-    print(f"(3) latency, record fetched -> hook called, at {args.latency_rate:,.0f} events/s: "
-          f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
+    print(
+        f"(2) memory: {per_conv:,.0f} bytes per open conversation beyond its text "
+        f"({args.open_conversations:,} open, 4 messages each, {text:,.0f} bytes of text each) (target <= 2048)"
+    )
+    print(
+        f"(3) latency, record fetched -> hook called, at {args.latency_rate:,.0f} events/s: "
+        f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,15 @@ def pct(values: list[float], qs: tuple[int, ...] = (10, 50, 90)) -> list[float]:
 
 
 async def trees(server: BundledVllm, alpha: float, turns: list[TurnContext], depth: int) -> list[TreeScored]:
-    cfg = server.scoring_config(tree={"alpha": alpha, "max_depth_tokens": depth, "max_requests": 16,
-                                      "max_staleness_seconds": 0, "skip_superseded": False})
+    cfg = server.scoring_config(
+        tree={
+            "alpha": alpha,
+            "max_depth_tokens": depth,
+            "max_requests": 16,
+            "max_staleness_seconds": 0,
+            "skip_superseded": False,
+        }
+    )
     scorers = Scorers.from_config(cfg, CollectorRegistry())
 
     async def one(t: TurnContext) -> TreeScored:
@@ -113,8 +120,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "leaves_p10_p50_p90": pct([float(x) for x in leaves]),
                 "leaves_max": max(leaves),
                 "best_logprob_p10_p50_p90": pct(best),
-                "mean_token_logprob_p50": round(statistics.median(
-                    e.mean_token_logprob for e in found if e.mean_token_logprob is not None), 3),
+                "mean_token_logprob_p50": round(
+                    statistics.median(e.mean_token_logprob for e in found if e.mean_token_logprob is not None), 3
+                ),
                 "generated_tokens_p50": statistics.median(e.generated_tokens for e in found),
                 "budget_hit_share": round(sum(e.budget_hit is not None for e in found) / len(found), 3),
                 "seconds": round(time.monotonic() - t0, 1),

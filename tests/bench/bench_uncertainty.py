@@ -132,11 +132,17 @@ def seen_by_base() -> set[str] | None:
 def leaf_hits(tree: ResponseTree, actual: Sequence[int]) -> dict[str, Any]:
     """Whether the actual continuation starts with a leaf (any; the most probable one; each one),
     against the leaves' probabilities."""
-    leaves = [(math.exp(b.logprob), bool(b.tokens) and list(actual[: len(b.tokens)]) == b.tokens)
-              for b in tree.branches]
+    leaves = [
+        (math.exp(b.logprob), bool(b.tokens) and list(actual[: len(b.tokens)]) == b.tokens) for b in tree.branches
+    ]
     top = max(range(len(leaves)), key=lambda i: leaves[i][0])
-    return {"hit": any(h for _, h in leaves), "mass": sum(p for p, _ in leaves), "hit_top": leaves[top][1],
-            "top_p": leaves[top][0], "leaves_p_hit": [[round(p, 6), h] for p, h in leaves]}
+    return {
+        "hit": any(h for _, h in leaves),
+        "mass": sum(p for p, _ in leaves),
+        "hit_top": leaves[top][1],
+        "top_p": leaves[top][0],
+        "leaves_p_hit": [[round(p, 6), h] for p, h in leaves],
+    }
 
 
 class Collector:
@@ -156,15 +162,21 @@ class Collector:
     def _expander(self, alpha: float, depth: int) -> TreeExpander:
         live = self.scorers.tree
         budget = TreeBudget(depth, live.budget.max_generated_tokens, live.budget.max_requests, live.budget.max_leaves)
-        return TreeExpander(self.scorers.client, alpha=alpha, budget=budget, stop_token_ids=self.scorers.stop_ids,
-                            stop_strings=self.scorers.config.tree.stop_strings, decode=self.scorers.tokenizer.decode)
+        return TreeExpander(
+            self.scorers.client,
+            alpha=alpha,
+            budget=budget,
+            stop_token_ids=self.scorers.stop_ids,
+            stop_strings=self.scorers.config.tree.stop_strings,
+            decode=self.scorers.tokenizer.decode,
+        )
 
     def _actual(self, msgs: Sequence[Message], ctx: Sequence[Message], prompt: list[int]) -> list[int] | None:
         p = self.scorers.prompts
         head = p._paper(ctx, [Segment(next_step_header(ctx, "assistant"), trusted=True)])
-        assert head[-len(prompt):] == prompt, "the live prompt is not the tail of the full rendering"
+        assert head[-len(prompt) :] == prompt, "the live prompt is not the tail of the full rendering"
         full = p._paper(msgs)
-        return full[len(head):] if full[: len(head)] == head else None
+        return full[len(head) :] if full[: len(head)] == head else None
 
     async def turn(self, conv: EvalConversation, t: int) -> dict[str, Any]:
         ctx = through_user_message(conv.messages, t)
@@ -269,24 +281,42 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         await scorers.stop()
     source = {c.conversation_id: c.source for convs in sets.values() for c in convs}
     argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--url" and (i == 0 or sys.argv[i] != "--url")]
-    report: dict[str, Any] = {"command": " ".join(["python -m tests.bench.bench_uncertainty", *argv]),
-                              "server": "attached (--url)" if args.url else "started by the script",
-                              "artifacts": artifacts(), "seconds": time.monotonic() - t0, "sets": {},
-                              "calibration": {}, "auc": []}
+    report: dict[str, Any] = {
+        "command": " ".join(["python -m tests.bench.bench_uncertainty", *argv]),
+        "server": "attached (--url)" if args.url else "started by the script",
+        "artifacts": artifacts(),
+        "seconds": time.monotonic() - t0,
+        "sets": {},
+        "calibration": {},
+        "auc": [],
+    }
     for name, rs in rows.items():
         turns = [t for r in rs for t in r["turns"]]
-        report["sets"][name] = {"conversations": len(rs), "turns": len(turns), "trees": {
-            kind: {"mean_leaves": float(np.mean([t["trees"][kind]["leaves"] for t in turns])),
-                   "one_leaf": float(np.mean([t["trees"][kind]["leaves"] == 1 for t in turns])),
-                   "median_max_logprob": float(np.median([t["trees"][kind]["max_logprob"] for t in turns])),
-                   "budget_hits": sum(1 for t in turns if t["trees"][kind]["budget_hit"])}
-            for kind in ("live",)}}
-        groups = {name: rs} if name != "sample" else {
-            f"sample: {s}": [r for r in rs if source[r["id"]] == s] for s in sorted({source[r["id"]] for r in rs})}
+        report["sets"][name] = {
+            "conversations": len(rs),
+            "turns": len(turns),
+            "trees": {
+                kind: {
+                    "mean_leaves": float(np.mean([t["trees"][kind]["leaves"] for t in turns])),
+                    "one_leaf": float(np.mean([t["trees"][kind]["leaves"] == 1 for t in turns])),
+                    "median_max_logprob": float(np.median([t["trees"][kind]["max_logprob"] for t in turns])),
+                    "budget_hits": sum(1 for t in turns if t["trees"][kind]["budget_hit"]),
+                }
+                for kind in ("live",)
+            },
+        }
+        groups = (
+            {name: rs}
+            if name != "sample"
+            else {
+                f"sample: {s}": [r for r in rs if source[r["id"]] == s] for s in sorted({source[r["id"]] for r in rs})
+            }
+        )
         for g, grs in groups.items():
             report["calibration"][g] = {
                 kind: calibration([t["trees"][kind] for r in grs for t in r["turns"]])
-                for kind in (*(f"k{k}" for k in CALIBRATION_DEPTHS), "live")}
+                for kind in (*(f"k{k}" for k in CALIBRATION_DEPTHS), "live")
+            }
         report["auc"] += [{"set": name, **r} for r in outcome_table(rs, args.bootstrap)]
     seen = seen_by_base()
     if seen is not None:  # is the tree better calibrated on conversations the model was trained on?
@@ -294,7 +324,8 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         for label, keep in (("all sets: trained on", True), ("all sets: not trained on", False)):
             report["calibration"][label] = {
                 kind: calibration([t["trees"][kind] for r in every if (r["id"] in seen) is keep for t in r["turns"]])
-                for kind in (*(f"k{k}" for k in CALIBRATION_DEPTHS), "live")}
+                for kind in (*(f"k{k}" for k in CALIBRATION_DEPTHS), "live")
+            }
     report["trees"] = sum(s["turns"] for s in report["sets"].values())
     return report
 

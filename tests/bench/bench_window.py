@@ -51,8 +51,15 @@ DATA = REPO / "build" / "adapters" / "data1000"
 
 
 def builder(tok: SafeTokenizer, window: int, stride: int | None, cap: int | None) -> PromptBuilder:
-    return PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=window,
-                         tail_truncation=True, stride_tokens=stride, max_message_tokens=cap)
+    return PromptBuilder(
+        tok,
+        end_tag=END_TAG,
+        instruct_prompt="x",
+        max_prompt_tokens=window,
+        tail_truncation=True,
+        stride_tokens=stride,
+        max_message_tokens=cap,
+    )
 
 
 def modes(window: int, strides: list[int], short: list[int]) -> list[tuple[str, int, int | None]]:
@@ -75,14 +82,22 @@ async def prefill(server: Any, b: PromptBuilder, whole: PromptBuilder, convs: li
     d = delta(vllm_counters(server), before)
     await client.stop()
     computed = d["vllm:prompt_tokens_total"] - d["vllm:prefix_cache_hits_total"]
-    return {"conversations": len(convs), "turns": len(prompts), "final_tokens": final,
-            "prompt_tokens": d["vllm:prompt_tokens_total"], "computed": computed,
-            "ratio": computed / max(1, final), "per_turn": computed / max(1, len(prompts)),
-            "mean_window": sum(map(len, prompts)) / max(1, len(prompts)), "seconds": seconds}
+    return {
+        "conversations": len(convs),
+        "turns": len(prompts),
+        "final_tokens": final,
+        "prompt_tokens": d["vllm:prompt_tokens_total"],
+        "computed": computed,
+        "ratio": computed / max(1, final),
+        "per_turn": computed / max(1, len(prompts)),
+        "mean_window": sum(map(len, prompts)) / max(1, len(prompts)),
+        "seconds": seconds,
+    }
 
 
-def accuracy(tok: SafeTokenizer, cap: int | None, all_modes: list[tuple[str, int, int | None]],
-             per_set: int, adapter: Path) -> dict[str, Any]:
+def accuracy(
+    tok: SafeTokenizer, cap: int | None, all_modes: list[tuple[str, int, int | None]], per_set: int, adapter: Path
+) -> dict[str, Any]:
     model = load_model(ARTIFACTS / "base", adapter)
     end_id = tok.token_id(END_TAG)
     pad_id = tok.token_id("<|pad|>")
@@ -96,13 +111,22 @@ def accuracy(tok: SafeTokenizer, cap: int | None, all_modes: list[tuple[str, int
             prompts = [b.completion_adapter(m)[0] for m in msgs]
             p_end, greedy = next_token_probs(model, prompts, end_id, pad_id, desc=f"{d.name} {name}")
             m = binary_metrics(labels, [g == end_id for g in greedy], p_end)
-            out.setdefault(d.name, {})[name] = {"n": len(exs), "f1": m["complete"]["f1"], "auc": m["roc_auc"],
-                                                "mean_window": sum(map(len, prompts)) / max(1, len(prompts))}
+            out.setdefault(d.name, {})[name] = {
+                "n": len(exs),
+                "f1": m["complete"]["f1"],
+                "auc": m["roc_auc"],
+                "mean_window": sum(map(len, prompts)) / max(1, len(prompts)),
+            }
     return out
 
 
-def prefill_all(args: argparse.Namespace, tok: SafeTokenizer, cap: int | None, whole: PromptBuilder,
-                all_modes: list[tuple[str, int, int | None]]) -> dict[str, Any]:
+def prefill_all(
+    args: argparse.Namespace,
+    tok: SafeTokenizer,
+    cap: int | None,
+    whole: PromptBuilder,
+    all_modes: list[tuple[str, int, int | None]],
+) -> dict[str, Any]:
     pool = [c for c in load_conversations(2000, 10**6) if len(whole.completion_adapter(c)[0]) > 2 * args.window]
     need = args.conversations * len(all_modes)
     if len(pool) < need:
@@ -111,7 +135,7 @@ def prefill_all(args: argparse.Namespace, tok: SafeTokenizer, cap: int | None, w
     model = TinyModel(ARTIFACTS / "base", ARTIFACTS / "completion", ARTIFACTS / "base" / "tokenizer.json")
     with running_server(model, REPO / "build" / "bench-window-vllm.log", prefix_caching=True) as server:
         for i, (name, window, stride) in enumerate(all_modes):
-            chunk = pool[i * args.conversations:(i + 1) * args.conversations]
+            chunk = pool[i * args.conversations : (i + 1) * args.conversations]
             out[name] = asyncio.run(prefill(server, builder(tok, window, stride, cap), whole, chunk))
             print(f"(1) {name:>10}: {json.dumps(out[name])}", flush=True)
     return out
@@ -126,23 +150,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-set", type=int, default=250, help="test examples per data set for accuracy")
     p.add_argument("--skip-accuracy", action="store_true")
     p.add_argument("--skip-prefill", action="store_true")
-    p.add_argument("--adapter", type=Path, default=ARTIFACTS / "completion",
-                   help="adapter for the accuracy part (e.g. one trained with --window-stride)")
+    p.add_argument(
+        "--adapter",
+        type=Path,
+        default=ARTIFACTS / "completion",
+        help="adapter for the accuracy part (e.g. one trained with --window-stride)",
+    )
     args = p.parse_args(argv)
     strides = [int(s) for s in args.strides.split(",") if s]
     all_modes = modes(args.window, strides, [int(w) for w in args.short_tails.split(",") if w])
     cap = message_cap(ARTIFACTS / "completion")
     tok = SafeTokenizer.from_model_dir(ARTIFACTS / "base")
-    whole = PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=10**6,
-                          max_message_tokens=cap)
-    results: dict[str, Any] = {"window": args.window, "message_cap": cap, "prefill": {},
-                               "adapter": str(args.adapter)}
+    whole = PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=10**6, max_message_tokens=cap)
+    results: dict[str, Any] = {"window": args.window, "message_cap": cap, "prefill": {}, "adapter": str(args.adapter)}
     if not args.skip_prefill:
         results["prefill"] = prefill_all(args, tok, cap, whole, all_modes)
     if not args.skip_accuracy:
         if not DATA.is_dir():
-            subprocess.run([sys.executable, "-m", "adapters.cli", "prepare", "--out", str(DATA), "--max-train", "1000",
-                            "--max-test", "250"], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "adapters.cli",
+                    "prepare",
+                    "--out",
+                    str(DATA),
+                    "--max-train",
+                    "1000",
+                    "--max-test",
+                    "250",
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
         results["accuracy"] = accuracy(tok, cap, all_modes, args.per_set, args.adapter)
     report(results, [n for n, _, _ in all_modes])
     return 0

@@ -356,8 +356,12 @@ async def test_small_clusters_are_never_named_after_one_conversation() -> None:
     gc = make(config(min_conversations=10, keyword_min_document_frequency=2, min_conversations_per_name=3))
     await feed(gc, ["flight", "bank"], 10)
     lone = TurnContext(
-        "conversation_ended", "lone", 1,
-        (Message("user", "zebediah kowalczyk 5551234 quetzal xylophone"),), None, None,
+        "conversation_ended",
+        "lone",
+        1,
+        (Message("user", "zebediah kowalczyk 5551234 quetzal xylophone"),),
+        None,
+        None,
     )
     await gc.goal_label(lone)
     assert await gc.recluster()

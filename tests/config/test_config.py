@@ -46,7 +46,7 @@ def test_config_file_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("kafka:\n  topik: x\n", "kafka.topik"),                       # typo: extra=forbid
+        ("kafka:\n  topik: x\n", "kafka.topik"),  # typo: extra=forbid
         ("kafka:\n  commit_interval_seconds: -1\n", "kafka.commit_interval_seconds"),
         ("state:\n  idle_ttl_seconds: forever\n", "state.idle_ttl_seconds"),
         ("http:\n  port: 70000\n", "http.port"),
@@ -56,8 +56,10 @@ def test_config_file_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         ("- just\n- a list\n", "mapping at top level"),
         ("kafka: [unclosed\n", "not valid YAML"),
         ("kafka: !!python/object/apply:os.system ['echo pwned']\n", "not valid YAML"),
-        ("scoring:\n  prompt_truncation: stride\n  max_prompt_tokens: 256\n  prompt_stride_tokens: 256\n",
-         "prompt_stride_tokens must be smaller"),
+        (
+            "scoring:\n  prompt_truncation: stride\n  max_prompt_tokens: 256\n  prompt_stride_tokens: 256\n",
+            "prompt_stride_tokens must be smaller",
+        ),
         ("scoring:\n  prompt_truncation: sliding\n", "scoring.prompt_truncation"),
     ],
 )
@@ -93,9 +95,19 @@ def test_yaml_bomb_is_bounded(tmp_path: Path) -> None:
 
 
 def test_secrets_are_masked_in_show(tmp_path: Path) -> None:
-    p = write(tmp_path, yaml.safe_dump({"kafka": {
-        "security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "svc",
-        "sasl_password": "hunter2-very-secret"}}))
+    p = write(
+        tmp_path,
+        yaml.safe_dump(
+            {
+                "kafka": {
+                    "security_protocol": "SASL_SSL",
+                    "sasl_mechanism": "PLAIN",
+                    "sasl_username": "svc",
+                    "sasl_password": "hunter2-very-secret",
+                }
+            }
+        ),
+    )
     cfg = load_config(p)
     out = dump_yaml(cfg)
     assert "hunter2" not in out
@@ -117,17 +129,23 @@ def test_cli_config_show_and_check(tmp_path: Path, capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize("argv", [[], ["frobnicate"], ["config"], ["config", "show", "--bogus"], ["run", "--config"]])
 def test_cli_usage_errors_exit_2(argv: list[str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "sidecar", *argv], check=False, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sidecar", *argv], check=False, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2
     assert "usage:" in proc.stderr
 
 
 def test_credentials_inside_urls_are_masked_in_show(tmp_path: Path) -> None:
-    p = write(tmp_path, yaml.safe_dump({
-        "scoring": {"vllm": {"base_url": "https://svc:pa55word@vllm.internal:8000/v1"}},
-        "clustering": {"embedding": {"base_url": "http://emb.internal/v1?api_key=abc123&x=1"}},
-    }))
+    p = write(
+        tmp_path,
+        yaml.safe_dump(
+            {
+                "scoring": {"vllm": {"base_url": "https://svc:pa55word@vllm.internal:8000/v1"}},
+                "clustering": {"embedding": {"base_url": "http://emb.internal/v1?api_key=abc123&x=1"}},
+            }
+        ),
+    )
     out = dump_yaml(load_config(p))
     assert "pa55word" not in out and "svc:" not in out
     assert "abc123" not in out

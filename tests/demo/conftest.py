@@ -33,12 +33,13 @@ def kafka() -> Iterator[MockKafkaCluster]:
         yield cluster
 
 
-async def consume_all(bootstrap: str, topic: str, expected: int, timeout_seconds: float = 30.0) -> list[
-    tuple[bytes, dict[str, Any]]
-]:
+async def consume_all(
+    bootstrap: str, topic: str, expected: int, timeout_seconds: float = 30.0
+) -> list[tuple[bytes, dict[str, Any]]]:
     """Read ``expected`` records from the start of ``topic`` (key, decoded value), or fail."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False, group_id=None)
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None
+    )
     await consumer.start()
     out: list[tuple[bytes, dict[str, Any]]] = []
     try:

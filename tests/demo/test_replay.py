@@ -45,7 +45,7 @@ RECORD: dict[str, Any] = {
     "turns": [
         {"role": "user", "content": "I lost my card"},
         {"role": "assistant", "content": "", "tool_calls": [{"name": "bank_lookup", "arguments": "{}"}]},
-        {"role": "tool", "content": "{\"ok\": true}", "name": "bank_lookup"},
+        {"role": "tool", "content": '{"ok": true}', "name": "bank_lookup"},
         {"role": "assistant", "content": "Blocked it. Anything else?"},
     ],
     "meta": {"completed": True},
@@ -89,13 +89,16 @@ def test_options_agent_tenant_no_end() -> None:
     assert (only_end["type"], only_end["seq"]) == ("conversation_end", 0)
 
 
-@pytest.mark.parametrize(("source", "tag"), [
-    ("multiwoz21_convlab2", "multiwoz21_convlab2"),
-    ("tau bench/airline", "tau_bench_airline"),
-    ("", "unknown"),
-    ("x" * 100, "x" * 64),
-    ("émoji🙂", "_moji_"),
-])
+@pytest.mark.parametrize(
+    ("source", "tag"),
+    [
+        ("multiwoz21_convlab2", "multiwoz21_convlab2"),
+        ("tau bench/airline", "tau_bench_airline"),
+        ("", "unknown"),
+        ("x" * 100, "x" * 64),
+        ("émoji🙂", "_moji_"),
+    ],
+)
 def test_agent_tag_is_always_valid(source: str, tag: str) -> None:
     assert agent_tag(source) == tag
     jsonschema.validate({"agent": agent_tag(source)}, {"properties": SCHEMA["properties"]})
@@ -120,14 +123,14 @@ def _streams(sizes: list[int]) -> list[list[dict[str, Any]]]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(sizes=st.lists(st.integers(0, 12), max_size=30), concurrency=st.integers(1, 8),
-       seed=st.integers(0, 2**32))
+@given(sizes=st.lists(st.integers(0, 12), max_size=30), concurrency=st.integers(1, 8), seed=st.integers(0, 2**32))
 def test_interleave_invariants(sizes: list[int], concurrency: int, seed: int) -> None:
     convs = _streams(sizes)
     out = list(interleave(convs, concurrency=concurrency, seed=seed))
     # Every event exactly once.
     assert sorted((e["conversation_id"], e["seq"]) for e in out) == sorted(
-        (e["conversation_id"], e["seq"]) for c in convs for e in c)
+        (e["conversation_id"], e["seq"]) for c in convs for e in c
+    )
     # Each conversation's order kept.
     per: dict[str, list[int]] = defaultdict(list)
     for e in out:
@@ -180,20 +183,22 @@ def test_load_jsonl_gz_reads_records_and_skips_blank_lines(tmp_path: Path) -> No
     assert load_jsonl_gz(path) == [RECORD, RECORD]
 
 
-@pytest.mark.parametrize(("payload", "message"), [
-    (b"{not json}\n", "line 1: invalid json"),
-    (b"\xff\xfe{}\n", "line 1: invalid utf8"),
-    (b"[1, 2]\n", "line 1: not an object"),
-    (b'{"turns": []}\n', "bad conversation id"),
-    (b'{"conversation_id": "", "turns": []}\n', "bad conversation id"),
-    (('{"conversation_id": "' + "c" * 300 + '", "turns": []}\n').encode(), "longer than 256"),
-    (b'{"conversation_id": "a", "turns": {}}\n', "bad messages"),
-    (b'{"conversation_id": "a", "turns": [{"role": "robot", "content": "x"}]}\n', "bad message"),
-    (b'{"conversation_id": "a", "turns": [{"role": "user", "content": 5}]}\n', "bad message"),
-    (b'{"conversation_id": "a", "turns": [{"role": "user", "content": "", "tool_calls": [{}]}]}\n',
-     "bad message"),
-    (json.dumps(RECORD).encode() + b"\n" + b"null\n", "line 2"),
-])
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b"{not json}\n", "line 1: invalid json"),
+        (b"\xff\xfe{}\n", "line 1: invalid utf8"),
+        (b"[1, 2]\n", "line 1: not an object"),
+        (b'{"turns": []}\n', "bad conversation id"),
+        (b'{"conversation_id": "", "turns": []}\n', "bad conversation id"),
+        (('{"conversation_id": "' + "c" * 300 + '", "turns": []}\n').encode(), "longer than 256"),
+        (b'{"conversation_id": "a", "turns": {}}\n', "bad messages"),
+        (b'{"conversation_id": "a", "turns": [{"role": "robot", "content": "x"}]}\n', "bad message"),
+        (b'{"conversation_id": "a", "turns": [{"role": "user", "content": 5}]}\n', "bad message"),
+        (b'{"conversation_id": "a", "turns": [{"role": "user", "content": "", "tool_calls": [{}]}]}\n', "bad message"),
+        (json.dumps(RECORD).encode() + b"\n" + b"null\n", "line 2"),
+    ],
+)
 def test_load_jsonl_gz_rejects_malformed_records(tmp_path: Path, payload: bytes, message: str) -> None:
     with pytest.raises(SampleError, match=message):
         load_jsonl_gz(_write_gz(tmp_path / "bad.jsonl.gz", payload))
@@ -222,8 +227,9 @@ def test_load_jsonl_gz_rejects_oversized_line(tmp_path: Path) -> None:
 
 
 def test_encode_key_and_compact_utf8_value() -> None:
-    ev = conversation_events({**RECORD, "conversation_id": "ü/1",
-                              "turns": [{"role": "user", "content": "naïve ☕"}]})[0]
+    ev = conversation_events({**RECORD, "conversation_id": "ü/1", "turns": [{"role": "user", "content": "naïve ☕"}]})[
+        0
+    ]
     key, value = encode(ev)
     assert key == "ü/1".encode()
     assert b" " not in value.replace("naïve ☕".encode(), b"")
@@ -249,8 +255,9 @@ async def test_produce_delivers_every_event_keyed_and_in_order(kafka: MockKafkaC
 
 
 async def test_produce_paces_to_the_rate_and_stamps_time(kafka: MockKafkaCluster) -> None:
-    events = list(itertools.chain.from_iterable(
-        conversation_events(RECORD, conversation_id=f"p{i}") for i in range(12)))
+    events = list(
+        itertools.chain.from_iterable(conversation_events(RECORD, conversation_id=f"p{i}") for i in range(12))
+    )
     before = time.time()
     t0 = time.monotonic()
     n = await produce(kafka.bootstrap_servers, "replay-paced", events, rate=200.0, stamp_now=True)
@@ -270,8 +277,14 @@ async def test_produce_stops_early_on_stop_event(kafka: MockKafkaCluster) -> Non
         if n == 25:
             stop.set()
 
-    n = await produce(kafka.bootstrap_servers, "replay-stop", itertools.chain.from_iterable(endless),
-                      rate=None, progress=progress, stop=stop)
+    n = await produce(
+        kafka.bootstrap_servers,
+        "replay-stop",
+        itertools.chain.from_iterable(endless),
+        rate=None,
+        progress=progress,
+        stop=stop,
+    )
     assert n == 25
 
 

@@ -39,8 +39,10 @@ def _openapi_to_jsonschema(node: Any) -> Any:
         out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
-    if "properties" in node and "additionalProperties" not in node and not node.get(
-        "x-kubernetes-preserve-unknown-fields"
+    if (
+        "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
     ):
         out["additionalProperties"] = False
     return out

@@ -264,11 +264,21 @@ def test_keda_scales_down_slowly_and_falls_back_when_blind(helm: str) -> None:
     assert down["stabilizationWindowSeconds"] == 600
     assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
     assert spec["fallback"] == {"failureThreshold": 3, "replicas": 4}
-    capped = one(render(set_values={"autoscaling.keda.enabled": "true", "autoscaling.keda.partitions": "2",
-                                    "autoscaling.keda.maxReplicas": "2"}), "ScaledObject")["spec"]
+    capped = one(
+        render(
+            set_values={
+                "autoscaling.keda.enabled": "true",
+                "autoscaling.keda.partitions": "2",
+                "autoscaling.keda.maxReplicas": "2",
+            }
+        ),
+        "ScaledObject",
+    )["spec"]
     assert capped["fallback"]["replicas"] == 2  # never more than the partitions
-    off = one(render(set_values={"autoscaling.keda.enabled": "true", "autoscaling.keda.fallback.enabled": "false"}),
-              "ScaledObject")["spec"]
+    off = one(
+        render(set_values={"autoscaling.keda.enabled": "true", "autoscaling.keda.fallback.enabled": "false"}),
+        "ScaledObject",
+    )["spec"]
     assert "fallback" not in off
 
 

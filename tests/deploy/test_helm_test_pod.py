@@ -49,9 +49,7 @@ async def server() -> AsyncIterator[tuple[HttpServer, Switch]]:
 async def run_script(pod: dict[str, Any], port: int) -> tuple[int, str]:
     (container,) = pod["spec"]["containers"]
     assert container["command"][:2] == ["python", "-c"]
-    script = container["command"][2].replace(
-        f"http://{RELEASE}.{NAMESPACE}.svc:9108", f"http://127.0.0.1:{port}"
-    )
+    script = container["command"][2].replace(f"http://{RELEASE}.{NAMESPACE}.svc:9108", f"http://127.0.0.1:{port}")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )

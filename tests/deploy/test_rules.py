@@ -90,8 +90,12 @@ def test_alerts_follow_the_conventions() -> None:
 def test_every_alert_can_be_tuned_from_values(helm: str) -> None:
     values = yaml.safe_load((DEPLOY.parent / "helm" / "sidecar" / "values.yaml").read_text())
     assert list(values["prometheusRule"]["alerts"]) == [a["alert"] for a in alerts()]
-    rule = one(render(set_values={"prometheusRule.enabled": "true",
-                                  "prometheusRule.alerts.SidecarCommitStalled.enabled": "false"}), "PrometheusRule")
+    rule = one(
+        render(
+            set_values={"prometheusRule.enabled": "true", "prometheusRule.alerts.SidecarCommitStalled.enabled": "false"}
+        ),
+        "PrometheusRule",
+    )
     names = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
     assert "SidecarCommitStalled" not in names and len(names) == len(alerts()) - 1
 

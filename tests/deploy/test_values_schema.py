@@ -43,8 +43,10 @@ def values() -> dict[str, Any]:
 
 def object_nodes(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
     if isinstance(node, dict):
-        if node.get("type") == "object" or (isinstance(node.get("type"), list) and "object" in node["type"]) or (
-            "properties" in node
+        if (
+            node.get("type") == "object"
+            or (isinstance(node.get("type"), list) and "object" in node["type"])
+            or ("properties" in node)
         ):
             yield path, node
         for k, v in node.items():
@@ -140,11 +142,17 @@ def test_secret_fields_are_refused_in_config() -> None:
 # before rendering, so none of these reaches a template.
 BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown top-level key", {"replicas": 3}, "Additional property replicas is not allowed"),
-    ("typo in the sidecar config", {"config": {"kafka": {"bootstrap_server": "k:9092"}}},
-     "Additional property bootstrap_server is not allowed"),
+    (
+        "typo in the sidecar config",
+        {"config": {"kafka": {"bootstrap_server": "k:9092"}}},
+        "Additional property bootstrap_server is not allowed",
+    ),
     ("unknown config section", {"config": {"scorer": {"enabled": True}}}, "Additional property scorer is not allowed"),
-    ("secret in the ConfigMap", {"config": {"kafka": {"sasl_password": "hunter2"}}},
-     "Additional property sasl_password is not allowed"),
+    (
+        "secret in the ConfigMap",
+        {"config": {"kafka": {"sasl_password": "hunter2"}}},
+        "Additional property sasl_password is not allowed",
+    ),
     ("config value out of range", {"config": {"kafka": {"fetch_max_records": 0}}}, "fetch_max_records"),
     ("config enum", {"config": {"logging": {"format": "xml"}}}, "format"),
     ("wrong type", {"replicaCount": "two"}, "replicaCount: Invalid type"),
@@ -152,18 +160,30 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("in-pod without a pod selector", {"mode": "inPod"}, "podSelector"),
     ("malformed digest", {"image": {"digest": "latest"}}, "digest"),
     ("duration", {"prometheusRule": {"alerts": {"SidecarDeadLetterRateHigh": {"for": "10 minutes"}}}}, "for"),
-    ("unknown alert", {"prometheusRule": {"alerts": {"SidecarOnFire": {"enabled": True}}}},
-     "Additional property SidecarOnFire is not allowed"),
+    (
+        "unknown alert",
+        {"prometheusRule": {"alerts": {"SidecarOnFire": {"enabled": True}}}},
+        "Additional property SidecarOnFire is not allowed",
+    ),
     ("severity", {"prometheusRule": {"alerts": {"SidecarCommitStalled": {"severity": "page"}}}}, "severity"),
-    ("typo inside a Kubernetes toleration", {"tolerations": [{"key": "gpu", "operatr": "Exists"}]},
-     "Additional property operatr is not allowed"),
-    ("typo inside a Kubernetes volume", {"extraVolumes": [{"name": "v", "emptydir": {}}]},
-     "Additional property emptydir is not allowed"),
+    (
+        "typo inside a Kubernetes toleration",
+        {"tolerations": [{"key": "gpu", "operatr": "Exists"}]},
+        "Additional property operatr is not allowed",
+    ),
+    (
+        "typo inside a Kubernetes volume",
+        {"extraVolumes": [{"name": "v", "emptydir": {}}]},
+        "Additional property emptydir is not allowed",
+    ),
     ("secret variable name", {"secrets": {"extraEnv": {"PASSWORD": "x"}}}, "PASSWORD"),
     ("GPU memory share", {"vllm": {"gpuMemoryUtilization": 1.5}}, "gpuMemoryUtilization"),
     ("adapter path", {"vllm": {"adapters": {"modules": {"completion": "/etc/passwd"}}}}, "completion"),
-    ("relabeling typo", {"serviceMonitor": {"relabelings": [{"sourceLabel": ["a"]}]}},
-     "Additional property sourceLabel is not allowed"),
+    (
+        "relabeling typo",
+        {"serviceMonitor": {"relabelings": [{"sourceLabel": ["a"]}]}},
+        "Additional property sourceLabel is not allowed",
+    ),
     ("dashboard labels must be strings", {"dashboards": {"labels": {"grafana_dashboard": 1}}}, "grafana_dashboard"),
 ]
 

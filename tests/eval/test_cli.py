@@ -37,8 +37,9 @@ def closed_port() -> int:
         (["eval", "{data}", "--out", "{out}", "--goals", "magic"], "invalid choice: 'magic'"),
     ],
 )
-def test_bad_arguments_exit_2(argv: list[str], message: str, data: Path, tmp_path: Path,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_exit_2(
+    argv: list[str], message: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = [a.format(data=data, out=tmp_path / "out") for a in argv]
     with pytest.raises(SystemExit) as exc:
         main(args)
@@ -65,8 +66,9 @@ def test_input_problems_exit_2(tmp_path: Path, data: Path, capsys: pytest.Captur
         assert message in capsys.readouterr().err, argv
 
 
-def test_unreachable_vllm_exits_1_and_writes_no_rows(tmp_path: Path, data: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_vllm_exits_1_and_writes_no_rows(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     url = f"http://127.0.0.1:{closed_port()}/v1"
     rc = main(["eval", str(data), "--out", str(out), "--vllm-url", url, "--model-dir", str(tmp_path)])
@@ -80,14 +82,16 @@ def test_resume_with_other_settings_is_refused(tmp_path: Path, data: Path, capsy
     out.mkdir()
     (out / "results.jsonl").write_text(json.dumps({"id": "star/1"}) + "\n", encoding="utf-8")
     (out / "run.json").write_text(json.dumps({"settings": {"alpha": 0.5}}), encoding="utf-8")
-    rc = main(["eval", str(data), "--out", str(out), "--vllm-url", "http://127.0.0.1:9/v1",
-               "--model-dir", str(tmp_path)])
+    rc = main(
+        ["eval", str(data), "--out", str(out), "--vllm-url", "http://127.0.0.1:9/v1", "--model-dir", str(tmp_path)]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "holds results made with other settings (alpha, base_model," in err and "--restart" in err
 
 
-def test_bundled_without_the_model_or_vllm_exits_2(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_bundled_without_the_model_or_vllm_exits_2(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from sidecar.tools.demo import models
 
     monkeypatch.setattr(models, "scoring_unavailable_reason", lambda: "no vLLM interpreter at /nowhere")

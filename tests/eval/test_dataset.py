@@ -19,11 +19,17 @@ GOOD = {
     "turns": [
         {"role": "user", "content": "What is my balance?"},
         {"role": "assistant", "content": "", "tool_calls": [{"name": "balance", "arguments": {"id": 3}}]},
-        {"role": "tool", "content": "{\"balance\": 10}", "name": "balance"},
+        {"role": "tool", "content": '{"balance": 10}', "name": "balance"},
         {"role": "assistant", "content": "You have 10 dollars."},
     ],
-    "meta": {"completed": True, "completion_level": "Complete", "user_reported_task_success": None,
-             "reward": 1.0, "secret": "not a label", "user_guide_instructions": ["hidden goal"]},
+    "meta": {
+        "completed": True,
+        "completion_level": "Complete",
+        "user_reported_task_success": None,
+        "reward": 1.0,
+        "secret": "not a label",
+        "user_guide_instructions": ["hidden goal"],
+    },
 }
 LIMIT = 64 * 1024 * 1024
 
@@ -58,16 +64,24 @@ def test_malformed_lines_are_skipped_counted_and_located(tmp_path: Path) -> None
         json.dumps({"conversation_id": "z", "turns": [{"role": "assistant", "content": "hello?"}]}),
         json.dumps(GOOD),  # duplicate id
         "",
-        json.dumps({**GOOD, "conversation_id": "big",
-                    "turns": [{"role": "user", "content": "a" * (MAX_LINE_BYTES + 5)}]}),
+        json.dumps(
+            {**GOOD, "conversation_id": "big", "turns": [{"role": "user", "content": "a" * (MAX_LINE_BYTES + 5)}]}
+        ),
         json.dumps({**GOOD, "conversation_id": "star/2"}),
         "[" * 100_000,
     ]
     convs, report = read_dataset(write(tmp_path / "d.jsonl", lines), max_bytes=LIMIT)
     assert [c.conversation_id for c in convs] == ["star/1", "star/2"]
     assert report.skipped == {
-        "invalid_json": 2, "invalid_utf8": 1, "not_an_object": 1, "bad_conversation_id": 1, "bad_message": 1,
-        "bad_messages": 1, "no_user_message": 1, "duplicate_id": 1, "oversized_line": 1,
+        "invalid_json": 2,
+        "invalid_utf8": 1,
+        "not_an_object": 1,
+        "bad_conversation_id": 1,
+        "bad_message": 1,
+        "bad_messages": 1,
+        "no_user_message": 1,
+        "duplicate_id": 1,
+        "oversized_line": 1,
     }
     assert report.problems[:2] == ["line 2: invalid json", "line 3: invalid utf8"]
     assert "10 lines skipped" in report.describe()

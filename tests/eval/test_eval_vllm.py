@@ -42,22 +42,30 @@ def subset(path: Path) -> list[str]:
 
 
 def config(path: Path, server: VllmServer) -> Path:
-    path.write_text(json.dumps({
-        "scoring": {
-            "vllm": {"base_url": server.base_url, "base_model": server.base_model, "max_concurrency": 8},
-            "tokenizer": {"model_dir": str(server.model_dir)},
-            "default_agent": {"adapter": server.adapter_model},
-            "prompt_truncation": "tail",
-            "max_prompt_tokens": 512,
-            # Small trees: the suite's tiny model branches a lot, and this test is about the report.
-            "tree": {"alpha": 0.2, "max_depth_tokens": 12, "max_requests": 8},
-        },
-        "clustering": {"mode": "extractive"},
-        # Short judge prompts: the tiny model's context is 2,048 tokens.
-        "judge": {"llm": {"base_url": server.base_url, "model": server.base_model, "max_tokens": 48},
-                  "max_transcript_chars": 1500, "max_message_chars": 300},
-        "logging": {"level": "warning"},
-    }), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {
+                "scoring": {
+                    "vllm": {"base_url": server.base_url, "base_model": server.base_model, "max_concurrency": 8},
+                    "tokenizer": {"model_dir": str(server.model_dir)},
+                    "default_agent": {"adapter": server.adapter_model},
+                    "prompt_truncation": "tail",
+                    "max_prompt_tokens": 512,
+                    # Small trees: the suite's tiny model branches a lot, and this test is about the report.
+                    "tree": {"alpha": 0.2, "max_depth_tokens": 12, "max_requests": 8},
+                },
+                "clustering": {"mode": "extractive"},
+                # Short judge prompts: the tiny model's context is 2,048 tokens.
+                "judge": {
+                    "llm": {"base_url": server.base_url, "model": server.base_model, "max_tokens": 48},
+                    "max_transcript_chars": 1500,
+                    "max_message_chars": 300,
+                },
+                "logging": {"level": "warning"},
+            }
+        ),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -73,8 +81,9 @@ def cells(html: str, label: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_eval_report_on_the_bundled_sample(vllm_server: VllmServer, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_report_on_the_bundled_sample(
+    vllm_server: VllmServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = tmp_path / "data.jsonl"
     ids = subset(data)
     cfg = config(tmp_path / "sidecar.yaml", vllm_server)
@@ -149,8 +158,21 @@ def test_eval_trees_at_every_turn_beside_the_judge(vllm_server: VllmServer, tmp_
     data = tmp_path / "data.jsonl"
     subset(data)
     out = tmp_path / "all"
-    argv = ["eval", str(data), "--out", str(out), "--config", str(config(tmp_path / "c.yaml", vllm_server)),
-            "--tree-turns", "all", "--limit", "3", "--goals", "off", "--judge"]
+    argv = [
+        "eval",
+        str(data),
+        "--out",
+        str(out),
+        "--config",
+        str(config(tmp_path / "c.yaml", vllm_server)),
+        "--tree-turns",
+        "all",
+        "--limit",
+        "3",
+        "--goals",
+        "off",
+        "--judge",
+    ]
     assert main(argv) == 0
     rows = rows_of(out)
     for r in rows:

@@ -16,14 +16,32 @@ from sidecar.tools.eval.run import through_user_message, truncation_turn
 from sidecar.transcript.model import Message
 
 
-def row(i: int, source: str, full: tuple[float, bool] | None, trunc: tuple[float, bool] | None,
-        tree: tuple[int, float, int] | None = None, **labels: Any) -> dict[str, Any]:
+def row(
+    i: int,
+    source: str,
+    full: tuple[float, bool] | None,
+    trunc: tuple[float, bool] | None,
+    tree: tuple[int, float, int] | None = None,
+    **labels: Any,
+) -> dict[str, Any]:
     comp: dict[str, Any] = {
         "full": {"p_end": full[0], "complete": full[1]} if full else {"error": "prompt_too_long"},
         "truncated": {"turn": 1, "p_end": trunc[0], "complete": trunc[1]} if trunc else None,
     }
-    trees = [] if tree is None else [{"turn": 2, "leaves": tree[0], "max_logprob": tree[1], "length_chars": tree[2],
-                                      "best_branch": "b", "branches": []}]
+    trees = (
+        []
+        if tree is None
+        else [
+            {
+                "turn": 2,
+                "leaves": tree[0],
+                "max_logprob": tree[1],
+                "length_chars": tree[2],
+                "best_branch": "b",
+                "branches": [],
+            }
+        ]
+    )
     return {"id": f"c{i}", "source": source, "labels": labels, "completion": comp, "trees": trees}
 
 
@@ -37,9 +55,11 @@ def test_completion_metrics_match_sklearn_for_both_classes() -> None:
     s = completion_section(rows)
     ys = [True] * 80 + [False] * sum(1 for i in range(80) if i % 5)
     preds = [r["completion"]["full"]["complete"] for r in rows[:80]] + [
-        r["completion"]["truncated"]["complete"] for r in rows[:80] if r["completion"]["truncated"]]
+        r["completion"]["truncated"]["complete"] for r in rows[:80] if r["completion"]["truncated"]
+    ]
     scores = [r["completion"]["full"]["p_end"] for r in rows[:80]] + [
-        r["completion"]["truncated"]["p_end"] for r in rows[:80] if r["completion"]["truncated"]]
+        r["completion"]["truncated"]["p_end"] for r in rows[:80] if r["completion"]["truncated"]
+    ]
     o = s["overall"]
     assert o["n"] == len(ys) and s["errors"] == 1
     assert math.isclose(o["accuracy"], accuracy_score(ys, preds))
@@ -70,15 +90,20 @@ def test_correlations_pearson_spearman_and_degenerate() -> None:
 
 
 def test_top_ten_percent_on_both() -> None:
-    trees = [{"id": f"c{i}", "turn": 1, "leaves": i % 10 + 1, "max_logprob": -float(i % 7), "source": "s"}
-             for i in range(100)]
+    trees = [
+        {"id": f"c{i}", "turn": 1, "leaves": i % 10 + 1, "max_logprob": -float(i % 7), "source": "s"}
+        for i in range(100)
+    ]
     top = top_on_both(trees)
     assert top["leaves_threshold"] == pytest.approx(float(np.percentile([t["leaves"] for t in trees], 90)))
-    assert all(t["leaves"] >= top["leaves_threshold"] and t["max_logprob"] <= top["max_logprob_threshold"]
-               for t in top["samples"])
+    assert all(
+        t["leaves"] >= top["leaves_threshold"] and t["max_logprob"] <= top["max_logprob_threshold"]
+        for t in top["samples"]
+    )
     outside = [t for t in trees if t not in top["samples"]]
-    assert not any(t["leaves"] >= top["leaves_threshold"] and t["max_logprob"] <= top["max_logprob_threshold"]
-                   for t in outside)
+    assert not any(
+        t["leaves"] >= top["leaves_threshold"] and t["max_logprob"] <= top["max_logprob_threshold"] for t in outside
+    )
     assert top_on_both([])["samples"] == []
 
 
@@ -100,8 +125,13 @@ def test_truncation_turn_is_stable_and_in_range() -> None:
 
 
 def test_tree_prompt_context_ends_at_the_user_message() -> None:
-    msgs = [Message("system", "s"), Message("user", "a"), Message("assistant", "b"), Message("user", "c"),
-            Message("assistant", "d")]
+    msgs = [
+        Message("system", "s"),
+        Message("user", "a"),
+        Message("assistant", "b"),
+        Message("user", "c"),
+        Message("assistant", "d"),
+    ]
     assert [m.content for m in through_user_message(msgs, 1)] == ["s", "a"]
     assert [m.content for m in through_user_message(msgs, 2)] == ["s", "a", "b", "c"]
 

@@ -34,8 +34,9 @@ class PhaseRecorder:
         await self._phase("trees")
         return [{"turn": 1, "leaves": 1, "max_logprob": -1.0}], None
 
-    def row(self, conv: EvalConversation, completion: dict[str, Any], trees: list[dict[str, Any]],
-            judge: None) -> dict[str, Any]:
+    def row(
+        self, conv: EvalConversation, completion: dict[str, Any], trees: list[dict[str, Any]], judge: None
+    ) -> dict[str, Any]:
         return {"id": conv.conversation_id, "completion": completion, "trees": trees}
 
 

@@ -39,9 +39,14 @@ def shared_dir() -> Path:
 def write_config(path: Path, bootstrap: str, topic: str, **sections: Mapping[str, Any]) -> Path:
     cfg: dict[str, Any] = {
         "kafka": {
-            "bootstrap_servers": bootstrap, "topic": topic, "group_id": f"g-{topic}",
-            "dead_letter_topic": f"{topic}.dlq", "results_topic": f"{topic}.results",
-            "commit_interval_seconds": 0.5, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
+            "bootstrap_servers": bootstrap,
+            "topic": topic,
+            "group_id": f"g-{topic}",
+            "dead_letter_topic": f"{topic}.dlq",
+            "results_topic": f"{topic}.results",
+            "commit_interval_seconds": 0.5,
+            "session_timeout_ms": 6000,
+            "heartbeat_interval_ms": 1000,
         },
         "http": {"host": "127.0.0.1", "port": 0},
         "logging": {"format": "json", "level": "info"},
@@ -65,7 +70,10 @@ class SidecarProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, *self.argv, "--config", str(self.config)],
-            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=REPO,
         )
         log.close()
 
@@ -108,8 +116,9 @@ async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[bytes 
 
 async def read_topic(bootstrap: str, topic: str, *, idle_seconds: float = 2.0) -> list[Any]:
     """Every record currently in ``topic`` (all partitions), read without a group."""
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                         auto_offset_reset="earliest")
+    c = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
     await c.start()
     try:
         parts = c.partitions_for_topic(topic) or set()
@@ -157,8 +166,7 @@ def sample_conversations(copies: int, prefix: str, limit: int | None = None) -> 
     sidecar/tools/demo/data/ATTRIBUTION.md) replayed under new conversation ids is new traffic."""
     records = load_sample()[:limit]
     return [
-        conversation_events(r, conversation_id=f"{prefix}{c}-{i}")
-        for c in range(copies) for i, r in enumerate(records)
+        conversation_events(r, conversation_id=f"{prefix}{c}-{i}") for c in range(copies) for i, r in enumerate(records)
     ]
 
 
@@ -199,5 +207,7 @@ def produce_with_header_key(bootstrap: str, topic: str, key: bytes, value: bytes
     )
     subprocess.run(
         [sys.executable, "-c", code, bootstrap, topic, key.hex(), value.hex(), header_key.hex()],
-        check=True, env={**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"}, timeout=60,
+        check=True,
+        env={**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"},
+        timeout=60,
     )

@@ -33,11 +33,24 @@ CONVERSATIONS = 60
 
 def stalled_events(i: int, topic: str) -> list[tuple[bytes | None, bytes]]:
     cid = f"{topic}-c{i}"
-    msgs = [("user", "hello, I need help with my booking"), ("assistant", "Sure, what is the reference?"),
-            ("user", f"it is REF{i:04d}, can you change the date?")]
+    msgs = [
+        ("user", "hello, I need help with my booking"),
+        ("assistant", "Sure, what is the reference?"),
+        ("user", f"it is REF{i:04d}, can you change the date?"),
+    ]
     return [
-        encode({"v": 1, "conversation_id": cid, "event_id": f"{cid}-{s}", "seq": s, "ts": 1.0, "type": "message",
-                "agent": "support", "message": {"role": role, "content": text}})
+        encode(
+            {
+                "v": 1,
+                "conversation_id": cid,
+                "event_id": f"{cid}-{s}",
+                "seq": s,
+                "ts": 1.0,
+                "type": "message",
+                "agent": "support",
+                "message": {"role": role, "content": text},
+            }
+        )
         for s, (role, text) in enumerate(msgs)
     ]
 
@@ -46,9 +59,14 @@ async def collect(port: int, topic_filter: str, got: Counter[str], stop: asyncio
     """A QoS 1 subscriber with a persistent session: it gets what was queued while it was away."""
     while not stop.is_set():
         try:
-            async with aiomqtt.Client("127.0.0.1", port, identifier="alert-fault-test",
-                                      protocol=aiomqtt.ProtocolVersion.V5, clean_start=False,
-                                      properties=_session_properties()) as client:
+            async with aiomqtt.Client(
+                "127.0.0.1",
+                port,
+                identifier="alert-fault-test",
+                protocol=aiomqtt.ProtocolVersion.V5,
+                clean_start=False,
+                properties=_session_properties(),
+            ) as client:
                 await client.subscribe(topic_filter, qos=1)
                 async for message in client.messages:
                     got[json.loads(bytes(message.payload))["id"]] += 1
@@ -89,11 +107,23 @@ async def test_every_due_alert_arrives_through_broker_outages_kills_and_stops(tm
     with MockKafkaCluster(1) as kafka:
         bs, topic = kafka.bootstrap_servers, "alertfaults"
         cfg = write_config(
-            tmp_path / "sidecar.yaml", bs, topic,
+            tmp_path / "sidecar.yaml",
+            bs,
+            topic,
             state={"idle_ttl_seconds": 2, "turn_debounce_seconds": 1, "sweep_interval_seconds": 0.2},
-            alerting={"enabled": True, "retry": {"initial_backoff_seconds": 0.1, "max_backoff_seconds": 1.0},
-                      "sinks": {"mqtt": {"enabled": True, "port": broker.port, "client_id": "sidecar-faults",
-                                         "topic_template": "faults/{agent}/{kind}", "timeout_seconds": 3}}},
+            alerting={
+                "enabled": True,
+                "retry": {"initial_backoff_seconds": 0.1, "max_backoff_seconds": 1.0},
+                "sinks": {
+                    "mqtt": {
+                        "enabled": True,
+                        "port": broker.port,
+                        "client_id": "sidecar-faults",
+                        "topic_template": "faults/{agent}/{kind}",
+                        "timeout_seconds": 3,
+                    }
+                },
+            },
         )
         log = tmp_path / "sidecar.log"
         sidecar = SidecarProcess(cfg, log)

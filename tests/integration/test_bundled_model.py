@@ -39,8 +39,9 @@ def forged(conv: Sequence[Message], *, headers: bool) -> list[Message]:
     return [Message("user", f"{conv[0].content}\n\n{rest.strip()}")]
 
 
-async def complete_count(scorers: Scorers, convs: list[list[Message]],
-                         build: Callable[[list[Message]], list[Message]]) -> int:
+async def complete_count(
+    scorers: Scorers, convs: list[list[Message]], build: Callable[[list[Message]], list[Message]]
+) -> int:
     scores = [await scorers.score_adapter(build(c), "completion") for c in convs]
     return sum(s.complete for s in scores)
 
@@ -58,8 +59,10 @@ async def test_forged_structure_scores_like_the_unforged_message(bundled_vllm: B
         as_prose = await complete_count(scorers, convs, lambda c: forged(c, headers=False))
     finally:
         await scorers.stop()
-    print(f"complete of {len(convs)}: genuine {genuine}, unforged {unforged}, "
-          f"forged headers {with_headers}, forged prose {as_prose}")
+    print(
+        f"complete of {len(convs)}: genuine {genuine}, unforged {unforged}, "
+        f"forged headers {with_headers}, forged prose {as_prose}"
+    )
     assert genuine >= len(convs) // 2  # the model does call finished conversations complete
     assert with_headers == unforged
     assert as_prose == unforged
@@ -100,8 +103,10 @@ async def test_uncertain_turn_rate_tracks_the_target_on_real_conversations(bundl
     leaves = sorted(e.leaves for e in trees)
     one_leaf = sum(x == 1 for x in leaves) / len(leaves)
     rate = sum(flags) / len(flags)
-    print(f"{len(trees)} trees: one-leaf share {one_leaf:.2f}, leaves p50 {leaves[len(leaves) // 2]}, "
-          f"max {leaves[-1]}; flagged {sum(flags)} of {len(flags)} = {rate:.3f}")
+    print(
+        f"{len(trees)} trees: one-leaf share {one_leaf:.2f}, leaves p50 {leaves[len(leaves) // 2]}, "
+        f"max {leaves[-1]}; flagged {sum(flags)} of {len(flags)} = {rate:.3f}"
+    )
     assert len(trees) == len(turns) > 300
     assert one_leaf < 0.5 and leaves[-1] >= 3  # non-degenerate at alpha 0.05
     assert abs(rate - policy.target_rate) <= 0.02

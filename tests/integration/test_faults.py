@@ -92,8 +92,14 @@ async def write_results_poison(bs: str, topic: str, records: list[bytes]) -> Non
 
 async def rebalance(bs: str, group: str, topic: str, linger_seconds: float) -> None:
     """Join the sidecar's group as a second member for a while, then leave."""
-    joiner = AIOKafkaConsumer(topic, bootstrap_servers=bs, group_id=group, enable_auto_commit=False,
-                              session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    joiner = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bs,
+        group_id=group,
+        enable_auto_commit=False,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+    )
     try:
         await asyncio.wait_for(joiner.start(), linger_seconds)
         await asyncio.sleep(linger_seconds)
@@ -104,8 +110,15 @@ async def rebalance(bs: str, group: str, topic: str, linger_seconds: float) -> N
 
 
 async def run_scenario(
-    tmp_path: Path, *, name: str, copies: int, faults: list[str], rtt_ms: int, seed: int,
-    limit: int | None = None, max_pending: int = 4,
+    tmp_path: Path,
+    *,
+    name: str,
+    copies: int,
+    faults: list[str],
+    rtt_ms: int,
+    seed: int,
+    limit: int | None = None,
+    max_pending: int = 4,
 ) -> None:
     rng = random.Random(seed)
     convs = sample_conversations(copies, name, limit)
@@ -127,9 +140,15 @@ async def run_scenario(
         junk += [json.dumps(r).encode() for r in forged_results(name, group, victims)]
         await write_results_poison(bs, results_topic, junk)
         cfg = write_config(
-            tmp_path / f"{name}.yaml", bs, name,
-            kafka={"max_pending_effects_per_partition": max_pending, "journal_signing_keys": [KEY],
-                   "revoke_grace_seconds": 0.3, "fetch_max_records": 200},
+            tmp_path / f"{name}.yaml",
+            bs,
+            name,
+            kafka={
+                "max_pending_effects_per_partition": max_pending,
+                "journal_signing_keys": [KEY],
+                "revoke_grace_seconds": 0.3,
+                "fetch_max_records": 200,
+            },
             state={"turn_debounce_seconds": 0.5},
         )
         sidecar = SidecarProcess(cfg, tmp_path / f"{name}.log", argv=FAULT_ARGV)
@@ -137,7 +156,7 @@ async def run_scenario(
         async def producer() -> None:
             chunk = 400
             for start in range(0, len(stream), chunk):
-                await produce_raw(bs, name, stream[start:start + chunk])
+                await produce_raw(bs, name, stream[start : start + chunk])
                 await asyncio.sleep(0.5)
                 if start and start % (4 * chunk) == 0 and resent:
                     await produce_raw(bs, name, resent.pop())  # a finished (or finishing) one, again
@@ -187,8 +206,9 @@ async def run_scenario(
     assert len(results) - sum(got.values()) == 4 * len(junk)  # only the injected junk is unsigned
 
     reasons = Counter(dict(r.headers)["dlq.reason"].decode() for r in dlq)
-    dead = "\n".join((r.value or b"")[:200].decode("utf-8", "replace") + (r.key or b"").decode("utf-8", "replace")
-                     for r in dlq)
+    dead = "\n".join(
+        (r.value or b"")[:200].decode("utf-8", "replace") + (r.key or b"").decode("utf-8", "replace") for r in dlq
+    )
     assert all(f"POISON-{i:03d}" in dead for i in range(len(poison)) if i % 4 != 1), reasons
     assert reasons["invalid_utf8"] >= len(poison) // 4
     assert reasons["unreadable_record"] >= 1
@@ -204,5 +224,6 @@ async def test_stops_rebalances_resends_and_poison_lose_and_repeat_nothing(tmp_p
 
 
 async def test_slow_broker_with_stops_loses_and_repeats_nothing(tmp_path: Path) -> None:
-    await run_scenario(tmp_path, name="slow", copies=1, faults=["term", "kill", "term"], rtt_ms=100, seed=12,
-                       limit=120, max_pending=32)
+    await run_scenario(
+        tmp_path, name="slow", copies=1, faults=["term", "kill", "term"], rtt_ms=100, seed=12, limit=120, max_pending=32
+    )

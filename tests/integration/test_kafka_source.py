@@ -33,8 +33,15 @@ def config(tmp_path: Path, bs: str, topic: str, **sections: Any) -> SidecarConfi
 
 
 def msg(cid: str, seq: int, role: str, content: str = "hi") -> tuple[bytes, bytes]:
-    ev = {"conversation_id": cid, "event_id": f"{cid}-{seq}", "seq": seq, "ts": 1.0, "type": "message",
-          "message": {"role": role, "content": content}, "agent": "shop"}
+    ev = {
+        "conversation_id": cid,
+        "event_id": f"{cid}-{seq}",
+        "seq": seq,
+        "ts": 1.0,
+        "type": "message",
+        "message": {"role": role, "content": content},
+        "agent": "shop",
+    }
     return cid.encode(), json.dumps(ev).encode()
 
 
@@ -94,8 +101,13 @@ async def committed(bs: str, group: str, topic: str) -> dict[int, tuple[int, str
 async def test_consume_dead_letter_and_commit(kafka: str, tmp_path: Path, running: list[Running]) -> None:
     topic = "src1"
     good = [msg("a", 0, "user"), msg("a", 1, "assistant"), msg("a", 2, "user"), end("a", 3)]
-    bad = [(b"b", b"\xff"), (b"b", b"{oops"), (b"nokey-mismatch", msg("b", 0, "user")[1]), msg("c", 4, "user"),
-           (b"d", b"x" * 70_000)]
+    bad = [
+        (b"b", b"\xff"),
+        (b"b", b"{oops"),
+        (b"nokey-mismatch", msg("b", 0, "user")[1]),
+        msg("c", 4, "user"),
+        (b"d", b"x" * 70_000),
+    ]
     await produce_raw(kafka, topic, good + bad + [msg("a", 0, "user")])  # the last one: after the end
     r = Running(config(tmp_path, kafka, topic, kafka={"max_record_bytes": 65_536}))
     running.append(r)
@@ -106,12 +118,18 @@ async def test_consume_dead_letter_and_commit(kafka: str, tmp_path: Path, runnin
     await r.close()
 
     keys = sorted(result_keys(await read_topic(kafka, f"{topic}.results")))
-    assert keys == [("a", 0, "conversation_ended"), ("a", 1, "turn_closed"), ("a", 1, "user_message"),
-                    ("a", 2, "turn_closed"), ("a", 2, "user_message")]
+    assert keys == [
+        ("a", 0, "conversation_ended"),
+        ("a", 1, "turn_closed"),
+        ("a", 1, "user_message"),
+        ("a", 2, "turn_closed"),
+        ("a", 2, "user_message"),
+    ]
     dlq = await read_topic(kafka, f"{topic}.dlq")
     reasons = sorted(dict(x.headers)["dlq.reason"].decode() for x in dlq)
-    assert reasons == sorted(["invalid_utf8", "invalid_json", "key_mismatch", "seq_gap", "oversized",
-                              "conversation_finished"])
+    assert reasons == sorted(
+        ["invalid_utf8", "invalid_json", "key_mismatch", "seq_gap", "oversized", "conversation_finished"]
+    )
     for x in dlq:
         h = dict(x.headers)
         assert h["dlq.source.topic"] == topic.encode()
@@ -148,8 +166,13 @@ async def test_clean_restart_resumes_open_conversation(kafka: str, tmp_path: Pat
     assert r2.metric("sidecar_hooks_suppressed_total", kind="user_message") == 1
     await r2.close()
     keys = sorted(result_keys(await read_topic(kafka, f"{topic}.results")))
-    assert keys == [("x", 0, "conversation_ended"), ("x", 1, "turn_closed"), ("x", 1, "user_message"),
-                    ("x", 2, "turn_closed"), ("x", 2, "user_message")]
+    assert keys == [
+        ("x", 0, "conversation_ended"),
+        ("x", 1, "turn_closed"),
+        ("x", 1, "user_message"),
+        ("x", 2, "turn_closed"),
+        ("x", 2, "user_message"),
+    ]
 
 
 class GatedHooks(RecordingHooks):
@@ -168,8 +191,12 @@ class GatedHooks(RecordingHooks):
 async def test_slow_hooks_pause_partitions_then_catch_up(kafka: str, tmp_path: Path, running: list[Running]) -> None:
     topic = "src3"
     await produce_raw(kafka, topic, [msg(f"c{i}", 0, "user") for i in range(400)])
-    cfg = config(tmp_path, kafka, topic, kafka={"max_pending_effects_per_partition": 4, "fetch_max_records": 5,
-                                                "partition_queue_batches": 1})
+    cfg = config(
+        tmp_path,
+        kafka,
+        topic,
+        kafka={"max_pending_effects_per_partition": 4, "fetch_max_records": 5, "partition_queue_batches": 1},
+    )
     hooks = GatedHooks()
     r = Running(cfg, hooks)
     running.append(r)
@@ -234,6 +261,7 @@ async def test_transient_errors_during_recovery_are_retried(
 
     import sidecar.source.worker as source_worker
     from sidecar.source.recovery import load_recovery as real
+
     failures = {"left": 3}
 
     async def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -268,8 +296,13 @@ async def test_record_the_client_cannot_parse_is_dead_lettered_not_fatal(
     await r.wait_for("sidecar_hooks_fired_total", 1, kind="conversation_ended")
     await r.close()
     keys = sorted(result_keys(await read_topic(kafka, f"{topic}.results")))
-    assert keys == [("u", 0, "conversation_ended"), ("u", 1, "turn_closed"), ("u", 1, "user_message"),
-                    ("u", 2, "turn_closed"), ("u", 2, "user_message")]
+    assert keys == [
+        ("u", 0, "conversation_ended"),
+        ("u", 1, "turn_closed"),
+        ("u", 1, "user_message"),
+        ("u", 2, "turn_closed"),
+        ("u", 2, "user_message"),
+    ]
     dlq = [dict(x.headers) for x in await read_topic(kafka, f"{topic}.dlq")]
     assert [h["dlq.reason"] for h in dlq] == [b"unreadable_record"]
     assert dlq[0]["dlq.source.offset"] == b"2"
@@ -299,8 +332,12 @@ async def test_resent_finished_conversation_after_restart_is_refused(
     await r2.wait_for("sidecar_events_dead_lettered_total", 3, reason="conversation_finished")
     await r2.close()
     keys = sorted(result_keys(await read_topic(kafka, f"{topic}.results")))
-    assert keys == [("f", 0, "conversation_ended"), ("f", 1, "turn_closed"), ("f", 1, "user_message"),
-                    ("open", 1, "user_message")]
+    assert keys == [
+        ("f", 0, "conversation_ended"),
+        ("f", 1, "turn_closed"),
+        ("f", 1, "user_message"),
+        ("open", 1, "user_message"),
+    ]
 
 
 async def test_forged_and_malformed_journal_records_cannot_crash_or_silence_recovery(
@@ -310,8 +347,16 @@ async def test_forged_and_malformed_journal_records_cannot_crash_or_silence_reco
     raise on every start; a forged record could suppress a hook. With a signing key, neither acts."""
     topic = "src8"
     group = f"g-{topic}"
-    forged = {"v": 1, "group": group, "topic": topic, "conversation_id": "j", "trigger": "record",
-              "kind": "user_message", "turn": 1, "position": 10**9}
+    forged = {
+        "v": 1,
+        "group": group,
+        "topic": topic,
+        "conversation_id": "j",
+        "trigger": "record",
+        "kind": "user_message",
+        "turn": 1,
+        "position": 10**9,
+    }
     junk = [b'{"v":1,"kind":"user_message","turn":1e999,"position":0}', b"[" * 100_000, b"\xff"]
     junk += [json.dumps({**forged, "partition": p}).encode() for p in range(4)]
     await produce_raw(kafka, f"{topic}.results", [(b"x", v) for v in junk])
@@ -320,8 +365,10 @@ async def test_forged_and_malformed_journal_records_cannot_crash_or_silence_reco
     running.append(r)
     await r.wait_for("sidecar_hooks_fired_total", 1, kind="user_message")  # not suppressed by the forgery
     await r.wait_for("sidecar_partition_recoveries_total", 4)
-    skipped = {reason: r.metric("sidecar_journal_records_skipped_total", reason=reason)
-               for reason in ("invalid", "unsigned", "bad_signature")}
+    skipped = {
+        reason: r.metric("sidecar_journal_records_skipped_total", reason=reason)
+        for reason in ("invalid", "unsigned", "bad_signature")
+    }
     await r.close()
     # every partition's recovery read the junk of its own results partition (the mock spreads keyed
     # records by hash, so count across all): three malformed and four unsigned forgeries in total

@@ -42,12 +42,26 @@ def bad_record(i: int, rng: random.Random) -> tuple[bytes | None, bytes]:
     if kind == 2:
         return marker.encode(), json.dumps({"conversation_id": marker, "seq": "zero"}).encode()
     if kind == 3:
-        return b"wrong-key", json.dumps({
-            "conversation_id": marker, "event_id": marker, "seq": 0, "ts": 1, "type": "message",
-            "message": {"role": "user", "content": "x"}}).encode()
-    return marker.encode(), json.dumps({
-        "conversation_id": marker, "event_id": marker, "seq": rng.randint(3, 9), "ts": 1,
-        "type": "message", "message": {"role": "user", "content": "gap"}}).encode()
+        return b"wrong-key", json.dumps(
+            {
+                "conversation_id": marker,
+                "event_id": marker,
+                "seq": 0,
+                "ts": 1,
+                "type": "message",
+                "message": {"role": "user", "content": "x"},
+            }
+        ).encode()
+    return marker.encode(), json.dumps(
+        {
+            "conversation_id": marker,
+            "event_id": marker,
+            "seq": rng.randint(3, 9),
+            "ts": 1,
+            "type": "message",
+            "message": {"role": "user", "content": "gap"},
+        }
+    ).encode()
 
 
 async def test_sigkill_at_random_moments_loses_and_repeats_nothing(tmp_path: Path) -> None:
@@ -67,7 +81,7 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(tmp_path: Pat
         async def producer() -> None:
             chunk = 1000
             for start in range(0, len(stream), chunk):
-                await produce_raw(bs, "kill", stream[start:start + chunk])
+                await produce_raw(bs, "kill", stream[start : start + chunk])
                 await asyncio.sleep(0.4)
 
         producing = asyncio.create_task(producer())
@@ -102,8 +116,9 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(tmp_path: Pat
     assert not duplicated, f"{len(duplicated)} outcomes recorded twice, e.g. {list(duplicated.items())[:5]}"
     assert not unexpected, f"unexpected outcomes, e.g. {list(unexpected)[:5]}"
     assert got == expected
-    dead = "\n".join(((r.value or b"").decode("utf-8", "replace") + (r.key or b"").decode("utf-8", "replace"))
-                     for r in dlq)
+    dead = "\n".join(
+        ((r.value or b"").decode("utf-8", "replace") + (r.key or b"").decode("utf-8", "replace")) for r in dlq
+    )
     reasons = Counter(dict(r.headers)["dlq.reason"].decode() for r in dlq)
     assert all(f"BAD-{i:04d}" in dead or (i % 5 == 1) for i in range(BAD_RECORDS)), reasons
     assert reasons["invalid_utf8"] >= BAD_RECORDS // 5

@@ -42,8 +42,14 @@ def events(cid: str, messages: int, chars: int) -> list[tuple[bytes, bytes]]:
     out = []
     for seq in range(messages):
         content = "a" * chars + "\U0001f600"  # 4 bytes per character in memory, ~1 in UTF-8
-        ev = {"conversation_id": cid, "event_id": f"{cid}-{seq}", "seq": seq, "ts": 1.0, "type": "message",
-              "message": {"role": "user" if seq % 2 == 0 else "assistant", "content": content}}
+        ev = {
+            "conversation_id": cid,
+            "event_id": f"{cid}-{seq}",
+            "seq": seq,
+            "ts": 1.0,
+            "type": "message",
+            "message": {"role": "user" if seq % 2 == 0 else "assistant", "content": content},
+        }
         out.append((cid.encode(), json.dumps(ev).encode()))
     return out
 
@@ -65,10 +71,16 @@ async def test_process_memory_stays_within_the_configured_budget(tmp_path: Path)
         bs = kafka.bootstrap_servers
         port = free_port()
         cfg = write_config(
-            tmp_path / "mem.yaml", bs, "mem",
+            tmp_path / "mem.yaml",
+            bs,
+            "mem",
             kafka={"fetch_max_bytes": FETCH, "max_queued_bytes_per_partition": QUEUE, "fetch_max_records": 50},
-            state={"max_memory_bytes": BUDGET, "idle_ttl_seconds": 3600, "turn_debounce_seconds": 3600,
-                   "max_conversation_bytes": 8 * MIB},
+            state={
+                "max_memory_bytes": BUDGET,
+                "idle_ttl_seconds": 3600,
+                "turn_debounce_seconds": 3600,
+                "max_conversation_bytes": 8 * MIB,
+            },
             http={"port": port},
         )
         sidecar = SidecarProcess(cfg, tmp_path / "mem.log")
@@ -99,8 +111,10 @@ async def test_process_memory_stays_within_the_configured_budget(tmp_path: Path)
         finally:
             assert sidecar.terminate() == 0
     growth = status["VmHWM"] - baseline
-    print(f"baseline {baseline / MIB:.0f} MiB, peak growth {growth / MIB:.0f} MiB, "
-          f"state {held / MIB:.1f} MiB (budget {BUDGET / MIB:.0f}), evicted {evicted:.0f}")
+    print(
+        f"baseline {baseline / MIB:.0f} MiB, peak growth {growth / MIB:.0f} MiB, "
+        f"state {held / MIB:.1f} MiB (budget {BUDGET / MIB:.0f}), evicted {evicted:.0f}"
+    )
     assert evicted > 100  # the budget did the bounding, not the workload
     assert held <= BUDGET
     assert growth <= BUDGET + ALLOWANCE, f"peak RSS grew {growth / MIB:.0f} MiB"

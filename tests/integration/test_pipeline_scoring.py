@@ -27,7 +27,9 @@ async def test_kafka_to_vllm_scores_and_goal_clusters(vllm_server: VllmServer, t
         bs = kafka.bootstrap_servers
         await produce_raw(bs, "e2e", [encode(e) for e in interleave(convs, concurrency=20, seed=3)])
         cfg = config(
-            tmp_path, bs, "e2e",
+            tmp_path,
+            bs,
+            "e2e",
             http={"port": port},
             scoring={
                 "enabled": True,
@@ -37,8 +39,13 @@ async def test_kafka_to_vllm_scores_and_goal_clusters(vllm_server: VllmServer, t
                 "tree": {"max_depth_tokens": 8, "max_requests": 8},
                 "completion": {"max_remaining_tokens": 8},
             },
-            clustering={"enabled": True, "mode": "extractive", "k1": 6, "min_conversations": 20,
-                        "recluster_interval_seconds": 2},
+            clustering={
+                "enabled": True,
+                "mode": "extractive",
+                "k1": 6,
+                "min_conversations": 20,
+                "recluster_interval_seconds": 2,
+            },
         )
         r = Running(cfg)
         await r.wait_for("sidecar_hooks_fired_total", expected_ends, limit_seconds=600, kind="conversation_ended")

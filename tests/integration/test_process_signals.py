@@ -26,8 +26,12 @@ from tests.integration.kafka_support import REPO, write_config
 def test_sigterm_at_any_moment_of_start_up_is_a_clean_stop(tmp_path: Path, after_seconds: float) -> None:
     with MockKafkaCluster(1) as kafka:
         cfg = write_config(tmp_path / "s.yaml", kafka.bootstrap_servers, "sig")
-        proc = subprocess.Popen([sys.executable, "-m", "sidecar", "run", "--config", str(cfg)], cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "run", "--config", str(cfg)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         time.sleep(after_seconds)
         proc.send_signal(signal.SIGTERM)
         try:

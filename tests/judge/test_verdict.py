@@ -65,10 +65,12 @@ def test_oversized_answers_are_not_parsed() -> None:
 
 
 def test_hostile_item_texts_are_flattened_and_bounded() -> None:
-    raw = json.dumps({
-        "explanation": "line\nbreak\x00\x1b[2J",
-        "incorrect_items": ["a\n\n# Output format\nb", "\x07bell", "z" * 5000],
-    })
+    raw = json.dumps(
+        {
+            "explanation": "line\nbreak\x00\x1b[2J",
+            "incorrect_items": ["a\n\n# Output format\nb", "\x07bell", "z" * 5000],
+        }
+    )
     got = parse(raw)
     assert got is not None
     passed, items, explanation = got
@@ -110,13 +112,24 @@ def test_complete_iff_both_dimensions_pass(acc: bool | None, comp: bool | None, 
 
 def test_outcome_has_counts_and_cost_and_text_only_when_allowed() -> None:
     v = JudgeVerdict(
-        dim("accuracy", False, items=("3: wrong time",), explanation="the time", prompt_tokens=120,
-            completion_tokens=20, calls=1),
+        dim(
+            "accuracy",
+            False,
+            items=("3: wrong time",),
+            explanation="the time",
+            prompt_tokens=120,
+            completion_tokens=20,
+            calls=1,
+        ),
         dim("completeness", None, malformed=True, prompt_tokens=130, completion_tokens=64, calls=1),
     )
     out = v.outcome(include_text=False)
     assert out == {
-        "complete": False, "verdict": "undecided", "calls": 2, "prompt_tokens": 250, "completion_tokens": 84,
+        "complete": False,
+        "verdict": "undecided",
+        "calls": 2,
+        "prompt_tokens": 250,
+        "completion_tokens": 84,
         "accuracy": {"passed": False, "items": 1},
         "completeness": {"passed": None, "items": 0, "malformed": True},
     }

@@ -63,27 +63,35 @@ async def _ended(bs: str, topic: str, ids: set[str], limit_seconds: float = 300)
 
 
 @pytest.mark.slow
-async def test_an_unseen_agent_is_onboarded_from_its_own_stream(vllm_server: VllmServer, tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+async def test_an_unseen_agent_is_onboarded_from_its_own_stream(
+    vllm_server: VllmServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = tmp_path / "store"
     port = free_port()
     with MockKafkaCluster(1) as kafka:
         bs = kafka.bootstrap_servers
         path = write_config(
-            tmp_path / "sidecar.yaml", bs, "onb",
+            tmp_path / "sidecar.yaml",
+            bs,
+            "onb",
             state={"redaction": {"enabled": True}},
-            scoring={"enabled": True, "vllm": {"base_url": vllm_server.base_url, "base_model": "base"},
-                     "tokenizer": {"model_dir": str(vllm_server.model_dir)},
-                     "default_agent": {"completion_sample_rate": 0.0},  # final verdicts only: quicker
-                     "tree": {"enabled": False}, "completion": {"max_remaining_tokens": 4}},
+            scoring={
+                "enabled": True,
+                "vllm": {"base_url": vllm_server.base_url, "base_model": "base"},
+                "tokenizer": {"model_dir": str(vllm_server.model_dir)},
+                "default_agent": {"completion_sample_rate": 0.0},  # final verdicts only: quicker
+                "tree": {"enabled": False},
+                "completion": {"max_remaining_tokens": 4},
+            },
             training_store={"enabled": True, "directory": str(store), "agents": [AGENT]},
             http={"port": port},
         )
         first = _events(0, FIRST)
         await produce_raw(bs, "onb", [encode(e) for e in interleave(first, concurrency=10, seed=1)])
         r = Running(load_config(path))
-        await r.wait_for("sidecar_training_store_conversations_total", FIRST, limit_seconds=300,
-                         agent=AGENT, result="written")
+        await r.wait_for(
+            "sidecar_training_store_conversations_total", FIRST, limit_seconds=300, agent=AGENT, result="written"
+        )
         before = await _ended(bs, "onb.results", {f"c{i}" for i in range(FIRST)})
         untrusted = await _adapter_check(port)
         await r.close()
@@ -93,9 +101,27 @@ async def test_an_unseen_agent_is_onboarded_from_its_own_stream(vllm_server: Vll
         stored = "".join(p.read_text() for p in (store / AGENT).iterdir())
         assert EMAIL not in stored and "[EMAIL]" in stored  # redacted on arrival, before anything kept it
 
-        argv = ["onboard", "--agent", AGENT, "--source", str(store), "--out", str(tmp_path / "onboard"),
-                "--base", str(vllm_server.model_dir), "--max-context-tokens", "256", "--lr", "3e-3",
-                "--min-steps", "60", "--vllm-url", vllm_server.base_url, "--config", str(path)]
+        argv = [
+            "onboard",
+            "--agent",
+            AGENT,
+            "--source",
+            str(store),
+            "--out",
+            str(tmp_path / "onboard"),
+            "--base",
+            str(vllm_server.model_dir),
+            "--max-context-tokens",
+            "256",
+            "--lr",
+            "3e-3",
+            "--min-steps",
+            "60",
+            "--vllm-url",
+            vllm_server.base_url,
+            "--config",
+            str(path),
+        ]
         assert await asyncio.to_thread(main, argv) == 0
         out = capsys.readouterr().out
         result = json.loads(out[out.rindex("\n{\n") + 1 :] if not out.startswith("{") else out)

@@ -20,13 +20,18 @@ from sidecar.training_store.sink import TrainingStoreSink
 from sidecar.training_store.store import RotatingJsonlStore, agent_dir_name
 from sidecar.transcript.model import Message, ToolCall
 
-MESSAGES = (Message("system", "be nice"), Message("user", "book a table"),
-            Message("assistant", "", tool_calls=(ToolCall("book", '{"n": 2}'),)),
-            Message("tool", "ok", name="book"), Message("assistant", "done, bye"))
+MESSAGES = (
+    Message("system", "be nice"),
+    Message("user", "book a table"),
+    Message("assistant", "", tool_calls=(ToolCall("book", '{"n": 2}'),)),
+    Message("tool", "ok", name="book"),
+    Message("assistant", "done, bye"),
+)
 
 
-def _ended(cid: str, agent: str | None = "shop", end_reason: str = "end_event",
-           messages: tuple[Message, ...] = MESSAGES) -> Effect:
+def _ended(
+    cid: str, agent: str | None = "shop", end_reason: str = "end_event", messages: tuple[Message, ...] = MESSAGES
+) -> Effect:
     ctx = TurnContext("conversation_ended", cid, 1, messages, agent, "acme", end_reason=end_reason)  # type: ignore[arg-type]
     return Effect(ctx, (), {})
 
@@ -52,8 +57,9 @@ def test_config_requires_a_directory_and_coherent_bounds() -> None:
         TrainingStoreConfig(agents=("..",))
 
 
-@pytest.mark.parametrize(("agent", "safe"), [("shop", True), ("a:b-c.d_e", True), ("..", False), (".hidden", False),
-                                             (".", False)])
+@pytest.mark.parametrize(
+    ("agent", "safe"), [("shop", True), ("a:b-c.d_e", True), ("..", False), (".hidden", False), (".", False)]
+)
 def test_agent_directories_never_escape_the_root(agent: str, safe: bool) -> None:
     name = agent_dir_name(agent)
     assert (name == agent) is safe
@@ -62,8 +68,9 @@ def test_agent_directories_never_escape_the_root(agent: str, safe: bool) -> None
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=900), min_size=1, max_size=60))
-def test_store_stays_within_its_bound_and_keeps_the_newest(tmp_path_factory: pytest.TempPathFactory,
-                                                          sizes: list[int]) -> None:
+def test_store_stays_within_its_bound_and_keeps_the_newest(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int]
+) -> None:
     root = tmp_path_factory.mktemp("rot")
     store = RotatingJsonlStore(root, max_bytes_per_agent=4096, max_file_bytes=1024)
     for i, n in enumerate(sizes):
@@ -90,12 +97,19 @@ async def test_sink_writes_finished_conversations_in_the_dataset_schema(tmp_path
         assert sink.offer(other) is None
     finally:
         await sink.stop()
-    def count(agent: str, result: str) -> float | None:
-        return registry.get_sample_value("sidecar_training_store_conversations_total",
-                                         {"agent": agent, "result": result})
 
-    assert (count("shop", "written"), count("shop", "duplicate"), count("shop", "end_reason"),
-            count("shop", "too_short"), count("default", "written")) == (1, 1, 1, 1, 1)
+    def count(agent: str, result: str) -> float | None:
+        return registry.get_sample_value(
+            "sidecar_training_store_conversations_total", {"agent": agent, "result": result}
+        )
+
+    assert (
+        count("shop", "written"),
+        count("shop", "duplicate"),
+        count("shop", "end_reason"),
+        count("shop", "too_short"),
+        count("default", "written"),
+    ) == (1, 1, 1, 1, 1)
     source = open_source(str(tmp_path / "store"), agent="shop")
     convs = list(source.conversations())
     assert [c.conversation_id for c in convs] == ["c1"]
@@ -116,8 +130,10 @@ async def test_sink_keeps_only_the_selected_agents_and_bounds_their_number(tmp_p
         await _offer(capped, _ended(f"c{i}", agent=agent))
     await capped.stop()
     assert sorted(p.name for p in (tmp_path / "capped" / "store").iterdir()) == ["a", "b"]
-    assert registry.get_sample_value("sidecar_training_store_conversations_total",
-                                     {"agent": "c", "result": "agent_limit"}) == 1
+    assert (
+        registry.get_sample_value("sidecar_training_store_conversations_total", {"agent": "c", "result": "agent_limit"})
+        == 1
+    )
 
 
 async def test_a_failing_disk_is_counted_and_never_stalls_the_effect(tmp_path: Path) -> None:
@@ -127,8 +143,10 @@ async def test_a_failing_disk_is_counted_and_never_stalls_the_effect(tmp_path: P
     (tmp_path / "store" / "shop").write_text("a file where the agent's directory should be")
     await asyncio.wait_for(_offer(sink, _ended("c1")), 10)
     await sink.stop()
-    assert registry.get_sample_value("sidecar_training_store_conversations_total",
-                                     {"agent": "shop", "result": "error"}) == 1
+    assert (
+        registry.get_sample_value("sidecar_training_store_conversations_total", {"agent": "shop", "result": "error"})
+        == 1
+    )
     health = sink.health()
     assert not health.ready and "FileExistsError" in health.detail
 
@@ -139,5 +157,9 @@ async def test_a_conversation_larger_than_a_file_is_refused(tmp_path: Path) -> N
     big = (Message("user", "x" * 2000), Message("assistant", "ok"))
     await _offer(sink, _ended("big", messages=big))
     await sink.stop()
-    assert registry.get_sample_value("sidecar_training_store_conversations_total",
-                                     {"agent": "shop", "result": "too_large"}) == 1
+    assert (
+        registry.get_sample_value(
+            "sidecar_training_store_conversations_total", {"agent": "shop", "result": "too_large"}
+        )
+        == 1
+    )

@@ -65,8 +65,9 @@ class ToyLM:
         if self.fail_next > 0 or self.calls in self.fail_calls:
             self.fail_next = max(0, self.fail_next - 1)
             raise RetryableError("toy outage")
-        self.requests.append({"model": model, "n": len(prompts), "max_tokens": max_tokens,
-                              "logprob_token_ids": list(logprob_token_ids)})
+        self.requests.append(
+            {"model": model, "n": len(prompts), "max_tokens": max_tokens, "logprob_token_ids": list(logprob_token_ids)}
+        )
         k = min(top_logprobs, self.max_logprobs)
         out = []
         for prompt in prompts:

@@ -110,8 +110,12 @@ def test_training_and_serving_build_the_same_ids_with_the_cap(
     messages = [Message(role, text) for role, text in steps]  # type: ignore[arg-type]
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     builder = PromptBuilder(
-        SafeTokenizer.from_model_dir(tok_dir), end_tag=END_TAG, instruct_prompt="x",
-        max_prompt_tokens=64, tail_truncation=True, max_message_tokens=cap,
+        SafeTokenizer.from_model_dir(tok_dir),
+        end_tag=END_TAG,
+        instruct_prompt="x",
+        max_prompt_tokens=64,
+        tail_truncation=True,
+        max_message_tokens=cap,
     )
     served, _ = builder.completion_adapter(messages)
     assert served == encode_messages(tok, messages, cap)[-64:]
@@ -123,15 +127,20 @@ def test_with_the_cap_the_last_header_always_fits_the_window(tok_dir: Path) -> N
         tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=96, tail_truncation=True, max_message_tokens=48
     )
     long = "All done, goodbye! " * 400
-    ids, _ = builder.completion_adapter([Message("user", "book a table"), Message("assistant", "ok"),
-                                         Message("user", long)])
+    ids, _ = builder.completion_adapter(
+        [Message("user", "book a table"), Message("assistant", "ok"), Message("user", long)]
+    )
     text = tok.decode(ids)
     assert "user chat:\n" in text and ELISION.strip() in text
 
 
 def test_forged_training_copy_pastes_the_rest_and_keeps_the_real_next_step() -> None:
-    convo = [Message("user", "book a table"), Message("assistant", "for when?"), Message("user", "7pm"),
-             Message("assistant", "Booked. Goodbye!")]
+    convo = [
+        Message("user", "book a table"),
+        Message("assistant", "for when?"),
+        Message("user", "7pm"),
+        Message("assistant", "Booked. Goodbye!"),
+    ]
     forged = forged_conversation(convo, 0, strip_headers=False)
     assert [m.role for m in forged] == ["user", "assistant"]
     assert forged[1] == convo[1]

@@ -146,17 +146,25 @@ def test_long_conversations_drop_oldest_turns_and_keep_the_preamble(builder: Pro
         small.completion_adapter([Message("user", "word " * 2000)])
 
 
-@pytest.mark.parametrize("convo", [
-    [Message("system", "policy " * 500), Message("user", "hi"), Message("assistant", "hello, how can I help?")],
-    [m for i in range(12) for m in (Message("user", f"question {i} on trains"), Message("assistant", f"answer {i}"))],
-], ids=["one-turn-too-long", "many-turns"])
-def test_tail_truncation_keeps_the_last_ids_of_the_whole_rendering(builder: PromptBuilder,
-                                                                   convo: list[Message]) -> None:
+@pytest.mark.parametrize(
+    "convo",
+    [
+        [Message("system", "policy " * 500), Message("user", "hi"), Message("assistant", "hello, how can I help?")],
+        [
+            m
+            for i in range(12)
+            for m in (Message("user", f"question {i} on trains"), Message("assistant", f"answer {i}"))
+        ],
+    ],
+    ids=["one-turn-too-long", "many-turns"],
+)
+def test_tail_truncation_keeps_the_last_ids_of_the_whole_rendering(
+    builder: PromptBuilder, convo: list[Message]
+) -> None:
     # The bundled adapters are trained on the last N token ids of the whole conversation: serve the
     # same window, with the real turn numbers, never a shorter renumbered rendering.
     full = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=100_000)
-    tail = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=64,
-                         tail_truncation=True)
+    tail = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=64, tail_truncation=True)
     all_ids, _ = full.completion_adapter(convo)
     assert len(all_ids) > 64
     ids, dropped = tail.completion_adapter(convo)
@@ -248,8 +256,9 @@ def test_keep_last_is_the_tail_of_the_full_encoding(tok: SafeTokenizer, texts: l
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    st.lists(st.tuples(st.sampled_from(["user", "assistant"]), st.text(min_size=1, max_size=60)), min_size=4,
-             max_size=20),
+    st.lists(
+        st.tuples(st.sampled_from(["user", "assistant"]), st.text(min_size=1, max_size=60)), min_size=4, max_size=20
+    ),
     st.sampled_from([(64, 16), (64, 32), (48, 47), (40, 1)]),
 )
 def test_stride_windows_are_tails_that_start_at_a_stride_multiple(
@@ -259,10 +268,18 @@ def test_stride_windows_are_tails_that_start_at_a_stride_multiple(
     holds between max - stride (exclusive) and max ids, and turns whose window did not move extend
     the previous turn's prompt (what keeps the prefix cache useful past the window)."""
     size, stride = window
-    full = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=100_000,
-                         tree_use_chat_template=False)
-    strided = PromptBuilder(builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=size,
-                            tail_truncation=True, stride_tokens=stride, tree_use_chat_template=False)
+    full = PromptBuilder(
+        builder.tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=100_000, tree_use_chat_template=False
+    )
+    strided = PromptBuilder(
+        builder.tok,
+        end_tag=END_TAG,
+        instruct_prompt="x",
+        max_prompt_tokens=size,
+        tail_truncation=True,
+        stride_tokens=stride,
+        tree_use_chat_template=False,
+    )
     conv = [Message("user", "start")] + [Message(role, text) for role, text in steps]  # type: ignore[arg-type]
     previous: tuple[int, list[int]] | None = None
     for n in range(1, len(conv) + 1):
@@ -277,10 +294,11 @@ def test_stride_windows_are_tails_that_start_at_a_stride_multiple(
         previous = (start, ids)
         tree_ids = strided.tree(conv[:n])[0]
         tree_whole = full.tree(conv[:n])[0]
-        assert tree_ids == tree_whole[len(tree_whole) - len(tree_ids):] and len(tree_ids) <= size
+        assert tree_ids == tree_whole[len(tree_whole) - len(tree_ids) :] and len(tree_ids) <= size
 
 
 def test_stride_must_be_smaller_than_the_window(tok: SafeTokenizer) -> None:
     with pytest.raises(ValueError, match="stride_tokens"):
-        PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=64, tail_truncation=True,
-                      stride_tokens=64)
+        PromptBuilder(
+            tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=64, tail_truncation=True, stride_tokens=64
+        )

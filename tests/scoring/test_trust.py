@@ -46,11 +46,20 @@ def test_assessment_of_each_kind_of_route(tmp_path: Path) -> None:
     assert (from_manifest.source, from_manifest.validation_f1) == ("adapter", 0.91)
     # The config's own figure wins over the manifest's.
     assert assess(AgentConfig(adapter="a", validation_f1=0.5, adapter_manifest=tmp_path), 0.8).source == (
-        "untrusted_adapter")
+        "untrusted_adapter"
+    )
 
 
-@pytest.mark.parametrize("content", ["{not json", json.dumps([1]), json.dumps({"validation": {"f1_complete": True}}),
-                                     json.dumps({"validation": {"f1_complete": 7}}), json.dumps({})])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        json.dumps([1]),
+        json.dumps({"validation": {"f1_complete": True}}),
+        json.dumps({"validation": {"f1_complete": 7}}),
+        json.dumps({}),
+    ],
+)
 def test_a_bad_manifest_never_makes_an_adapter_trusted(tmp_path: Path, content: str) -> None:
     path = tmp_path / "manifest.json"
     path.write_text(content)
@@ -71,10 +80,14 @@ def test_threshold_rule_needs_an_adapter_and_a_threshold() -> None:
 
 def test_readiness_detail_names_untrusted_agents_and_never_gates() -> None:
     gauge: dict[str, float] = {}
-    cfg = ScoringConfig(agents={"good": AgentConfig(adapter="g", validation_f1=0.95),
-                                "weak": AgentConfig(adapter="w", validation_f1=0.4),
-                                "bare": AgentConfig()},
-                        default_agent=AgentConfig(adapter="bundled"))
+    cfg = ScoringConfig(
+        agents={
+            "good": AgentConfig(adapter="g", validation_f1=0.95),
+            "weak": AgentConfig(adapter="w", validation_f1=0.4),
+            "bare": AgentConfig(),
+        },
+        default_agent=AgentConfig(adapter="bundled"),
+    )
     trust = AdapterTrust(cfg, gauge.__setitem__)
     trust.publish_configured(lambda a: a or "default")
     assert gauge == {"good": 1.0, "weak": 0.0, "bare": 0.0, "default": 0.0}
@@ -86,8 +99,9 @@ def test_readiness_detail_names_untrusted_agents_and_never_gates() -> None:
 
 
 def _score(p_end: float, greedy_end: bool) -> CompletionScore:
-    return CompletionScore("adapter", p_end, -1.0, greedy_end, True, () if greedy_end else (5, 6),
-                           "" if greedy_end else "left", 1, 1)
+    return CompletionScore(
+        "adapter", p_end, -1.0, greedy_end, True, () if greedy_end else (5, 6), "" if greedy_end else "left", 1, 1
+    )
 
 
 def test_threshold_rule_keeps_p_end_exact_and_the_greedy_verdict() -> None:
@@ -112,9 +126,15 @@ def _hooks(tok_dir: Path, agents: dict[str, Any]) -> tuple[ScoringHooks, Collect
 
 @pytest.mark.parametrize("threshold", [1e-9, 0.999999])
 async def test_outcomes_name_the_source_adapter_and_rule(tok_dir: Path, threshold: float) -> None:
-    agents = {"shop": {"adapter": "shop-1", "validation_f1": 0.9, "completion_rule": "threshold",
-                       "p_end_threshold": threshold},
-              "old": {"adapter": "bundled"}}
+    agents = {
+        "shop": {
+            "adapter": "shop-1",
+            "validation_f1": 0.9,
+            "completion_rule": "threshold",
+            "p_end_threshold": threshold,
+        },
+        "old": {"adapter": "bundled"},
+    }
     hooks, registry = _hooks(tok_dir, agents)
     ctx = TurnContext("turn_closed", "c1", 2, RESTAURANT, "shop", None)
     out = await _run(hooks.on_turn_closed(ctx))
@@ -123,7 +143,10 @@ async def test_outcomes_name_the_source_adapter_and_rule(tok_dir: Path, threshol
     assert isinstance(out["greedy_complete"], bool)
     ended = await _run(hooks.on_conversation_ended(TurnContext("conversation_ended", "c1", 2, RESTAURANT, "old", None)))
     assert (ended["completion_source"], ended["adapter"], ended["completion_rule"]) == (
-        "unvalidated_adapter", "bundled", "greedy")
+        "unvalidated_adapter",
+        "bundled",
+        "greedy",
+    )
     instruct = await _run(hooks.on_turn_closed(TurnContext("turn_closed", "c2", 2, RESTAURANT, "other", None)))
     assert (instruct["completion_source"], instruct["adapter"]) == ("instruct", None)
     assert registry.get_sample_value("sidecar_completion_adapter_trusted", {"agent": "shop"}) == 1.0

@@ -96,8 +96,9 @@ async def test_p_end_is_exact_with_and_without_the_end_tag_in_top_k(
         await client.stop()
 
 
-async def _p_end_is_exact(client: VllmClient, tok: SafeTokenizer, builder: PromptBuilder,
-                          vllm_server: VllmServer) -> None:
+async def _p_end_is_exact(
+    client: VllmClient, tok: SafeTokenizer, builder: PromptBuilder, vllm_server: VllmServer
+) -> None:
     end_id = tok.token_id(END_TAG)
     stops = sorted(tok.special_ids - {0, 3})
     scorer = CompletionScorer(client, end_ids=[end_id], stop_token_ids=stops, max_remaining_tokens=8,
@@ -135,8 +136,9 @@ async def test_isolated_exact_requests_give_one_request_per_verdict_and_harm_no_
 ) -> None:
     """One logprob_token_ids request per verdict, P(end) exact, while tree-style top-k requests run
     concurrently on the same client and still get their own top-k (they never share its batch)."""
-    client = VllmClient(VllmEndpointConfig(base_url=vllm_server.base_url, exact_logprobs="isolated"),
-                        CollectorRegistry())
+    client = VllmClient(
+        VllmEndpointConfig(base_url=vllm_server.base_url, exact_logprobs="isolated"), CollectorRegistry()
+    )
     end_id = tok.token_id(END_TAG)
     stops = sorted(tok.special_ids - {0, 3})
     scorer = CompletionScorer(client, end_ids=[end_id], stop_token_ids=stops, max_remaining_tokens=8,
@@ -171,8 +173,12 @@ async def test_the_self_test_verdict_matches_what_a_mixed_batch_really_does(vllm
     try:
         usable = await client.exact_ids_usable(vllm_server.base_model)
         assert client.exact_mode in ("shared", "off") and usable == (client.exact_mode == "shared")
-        mode = {s.labels["sidecar_vllm_exact_logprobs_mode"]: s.value
-                for m in registry.collect() for s in m.samples if s.name == "sidecar_vllm_exact_logprobs_mode"}
+        mode = {
+            s.labels["sidecar_vllm_exact_logprobs_mode"]: s.value
+            for m in registry.collect()
+            for s in m.samples
+            if s.name == "sidecar_vllm_exact_logprobs_mode"
+        }
         assert mode[client.exact_mode] == 1.0
         prompt = [[5, 6, 7, 8, 9, 10]]
         (solo,) = await client.generate(vllm_server.base_model, prompt, max_tokens=1, top_logprobs=8)

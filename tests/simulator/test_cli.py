@@ -18,7 +18,15 @@ def goals(tmp_path: Path) -> Path:
 
 
 def base(goals: Path, tmp_path: Path) -> list[str]:
-    return ["simulate", "--goals", str(goals), "--out", str(tmp_path / "ev.jsonl"), "--user-url", "http://127.0.0.1:9/v1"]
+    return [
+        "simulate",
+        "--goals",
+        str(goals),
+        "--out",
+        str(tmp_path / "ev.jsonl"),
+        "--user-url",
+        "http://127.0.0.1:9/v1",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -50,13 +50,15 @@ async def test_every_simulated_conversation_is_seen_scored_and_finalised(
     ep = ChatEndpointConfig(base_url=vllm_server.base_url, model=vllm_server.base_model, max_tokens=12,
                             request_timeout_seconds=120, max_concurrency=3)  # fmt: skip
     scoring = ScoringHooks.from_config(
-        ScoringConfig.model_validate({
-            "enabled": True,
-            "vllm": {"base_url": vllm_server.base_url, "base_model": vllm_server.base_model},
-            "tokenizer": {"model_dir": str(vllm_server.model_dir)},
-            "agents": {"simulated": {"adapter": vllm_server.adapter_model, "tree_sample_rate": 0.0}},
-            "completion": {"max_remaining_tokens": 4},
-        }),
+        ScoringConfig.model_validate(
+            {
+                "enabled": True,
+                "vllm": {"base_url": vllm_server.base_url, "base_model": vllm_server.base_model},
+                "tokenizer": {"model_dir": str(vllm_server.model_dir)},
+                "agents": {"simulated": {"adapter": vllm_server.adapter_model, "tree_sample_rate": 0.0}},
+                "completion": {"max_remaining_tokens": 4},
+            }
+        ),
         CollectorRegistry(),
     )
     judge_registry = CollectorRegistry()

@@ -24,11 +24,23 @@ class Rec:
     timestamp: int = 0
 
 
-def event(cid: str, seq: int, role: str | None, content: str = "x", *, eid: str | None = None,
-          end: bool = False, agent: str | None = "a") -> dict[str, Any]:
+def event(
+    cid: str,
+    seq: int,
+    role: str | None,
+    content: str = "x",
+    *,
+    eid: str | None = None,
+    end: bool = False,
+    agent: str | None = "a",
+) -> dict[str, Any]:
     ev: dict[str, Any] = {
-        "conversation_id": cid, "event_id": eid or f"{cid}:{seq}", "seq": seq, "ts": 1.0,
-        "type": "conversation_end" if end else "message", "agent": agent,
+        "conversation_id": cid,
+        "event_id": eid or f"{cid}:{seq}",
+        "seq": seq,
+        "ts": 1.0,
+        "type": "conversation_end" if end else "message",
+        "agent": agent,
     }
     if not end:
         ev["message"] = {"role": role, "content": content}
@@ -87,10 +99,13 @@ class FakeJournal:
 
     def recovery(self, commit: CommitPoint | None) -> Recovery:
         if commit is None:
-            return Recovery.from_journal(start_offset=0, replay_until=0, journal_from=0,
-                                         journal_end=len(self.results), records=self.results)
+            return Recovery.from_journal(
+                start_offset=0, replay_until=0, journal_from=0, journal_end=len(self.results), records=self.results
+            )
         return Recovery.from_journal(
-            start_offset=commit.offset, replay_until=commit.processed_until, journal_from=commit.journal_from,
+            start_offset=commit.offset,
+            replay_until=commit.processed_until,
+            journal_from=commit.journal_from,
             journal_end=len(self.results),
-            records=self.results[commit.journal_from:],
+            records=self.results[commit.journal_from :],
         )

@@ -20,8 +20,13 @@ def test_plaintext_by_default() -> None:
 
 
 def test_sasl_ssl_builds_context_and_credentials() -> None:
-    cfg = KafkaConfig(security_protocol="SASL_SSL", ssl_cafile=certifi.where(), sasl_mechanism="SCRAM-SHA-512",
-                      sasl_username="svc", sasl_password="s3cret")
+    cfg = KafkaConfig(
+        security_protocol="SASL_SSL",
+        ssl_cafile=certifi.where(),
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="svc",
+        sasl_password="s3cret",
+    )
     kw = client_kwargs(cfg)
     assert isinstance(kw["ssl_context"], ssl.SSLContext)
     assert kw["ssl_context"].verify_mode == ssl.CERT_REQUIRED

@@ -19,8 +19,18 @@ from sidecar.telemetry.stream_metrics import StreamMetrics
 
 
 def record(**over: Any) -> dict[str, Any]:
-    base = {"v": 1, "group": "g", "topic": "t", "partition": 2, "position": 10, "trigger": "record",
-            "kind": "turn_closed", "conversation_id": "c", "turn": 1, "outcome": {"ok": True}}
+    base = {
+        "v": 1,
+        "group": "g",
+        "topic": "t",
+        "partition": 2,
+        "position": 10,
+        "trigger": "record",
+        "kind": "turn_closed",
+        "conversation_id": "c",
+        "turn": 1,
+        "outcome": {"ok": True},
+    }
     return {**base, **over}
 
 
@@ -33,10 +43,17 @@ def test_valid_record_reads_back() -> None:
 def test_hostile_records_are_skipped_with_a_reason_not_raised() -> None:
     signer = JournalSigner([])
     hostile = [
-        b"", b"\xff\xfe", b"1e999", b"[" * 100_000 + b"]" * 100_000, b'{"v":1,' + b'"a":[' * 5000,
-        json.dumps(record(turn=1e300)).encode(), b'{"v":1,"turn":1e999}',
-        json.dumps(record(position=-1)).encode(), json.dumps(record(position=2**64)).encode(),
-        json.dumps(record(kind="delete_everything")).encode(), json.dumps(record(turn=True)).encode(),
+        b"",
+        b"\xff\xfe",
+        b"1e999",
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"v":1,' + b'"a":[' * 5000,
+        json.dumps(record(turn=1e300)).encode(),
+        b'{"v":1,"turn":1e999}',
+        json.dumps(record(position=-1)).encode(),
+        json.dumps(record(position=2**64)).encode(),
+        json.dumps(record(kind="delete_everything")).encode(),
+        json.dumps(record(turn=True)).encode(),
         json.dumps(record(conversation_id="x" * 10_000)).encode(),
         json.dumps(record()).encode()[:-1] + b',"outcome2":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     ]
@@ -68,9 +85,18 @@ def test_signing_keys_make_forgeries_inert_and_rotation_works() -> None:
 
 
 def test_recovery_plan_ignores_records_that_do_not_validate() -> None:
-    plan = Recovery.from_journal(start_offset=0, replay_until=5, journal_from=0, journal_end=3, records=[
-        record(position=7), record(turn="1"), {"kind": "user_message"}, record(kind="user_message", turn=2, position=3),
-    ])
+    plan = Recovery.from_journal(
+        start_offset=0,
+        replay_until=5,
+        journal_from=0,
+        journal_end=3,
+        records=[
+            record(position=7),
+            record(turn="1"),
+            {"kind": "user_message"},
+            record(kind="user_message", turn=2, position=3),
+        ],
+    )
     assert plan.keys == {("c", 1, "turn_closed")}
     assert plan.last_position == 7
 
@@ -80,8 +106,18 @@ def test_commit_metadata_round_trips_and_rejects_damage() -> None:
     meta = parse_metadata(cp.metadata)
     assert meta is not None and (meta.processed_until, meta.journal_from, meta.finished_from) == (9, 40, 2)
     assert "f" not in json.loads(CommitPoint(5, 9, 40, finished_from=7).metadata)  # nothing to scan
-    for bad in ["", "x", "[]", '{"v":2,"p":1,"j":1}', '{"v":1,"p":-1,"j":1}', '{"v":1,"p":true,"j":1}',
-                '{"v":1,"p":1e999,"j":1}', '{"v":1,"p":1,"j":1,"f":"x"}', "[" * 10_000, "x" * 10_000]:
+    for bad in [
+        "",
+        "x",
+        "[]",
+        '{"v":2,"p":1,"j":1}',
+        '{"v":1,"p":-1,"j":1}',
+        '{"v":1,"p":true,"j":1}',
+        '{"v":1,"p":1e999,"j":1}',
+        '{"v":1,"p":1,"j":1,"f":"x"}',
+        "[" * 10_000,
+        "x" * 10_000,
+    ]:
         parsed = parse_metadata(bad)
         assert parsed is None or parsed.finished_from is None
 

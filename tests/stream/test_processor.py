@@ -31,13 +31,25 @@ class Clock:
         return self.now
 
 
-def make(journal: FakeJournal, recovery: Recovery, hooks: Any = None, clock: Clock | None = None,
-         cfg: StateConfig | None = None, max_pending: int = 8) -> PartitionProcessor:
+def make(
+    journal: FakeJournal,
+    recovery: Recovery,
+    hooks: Any = None,
+    clock: Clock | None = None,
+    cfg: StateConfig | None = None,
+    max_pending: int = 8,
+) -> PartitionProcessor:
     return PartitionProcessor(
-        partition=0, state_config=cfg or StateConfig(turn_debounce_seconds=5, idle_ttl_seconds=60),
-        hooks=hooks or RecordingHooks(), results=journal, dead_letters=journal,
-        metrics=StreamMetrics(CollectorRegistry()), recovery=recovery, max_record_bytes=10_000,
-        max_pending=max_pending, clock=clock or Clock(),
+        partition=0,
+        state_config=cfg or StateConfig(turn_debounce_seconds=5, idle_ttl_seconds=60),
+        hooks=hooks or RecordingHooks(),
+        results=journal,
+        dead_letters=journal,
+        metrics=StreamMetrics(CollectorRegistry()),
+        recovery=recovery,
+        max_record_bytes=10_000,
+        max_pending=max_pending,
+        clock=clock or Clock(),
     )
 
 

@@ -106,21 +106,42 @@ class _Hooks:
         return self._late(self._answer("conversation_ended"))
 
 
-async def _run(outcomes: Mapping[str, Any], *, keys: list[bytes] | None = None, partition: int = 4,
-               producer: _KeepingProducer | None = None) -> list[tuple[int, bytes, bytes]]:
+async def _run(
+    outcomes: Mapping[str, Any],
+    *,
+    keys: list[bytes] | None = None,
+    partition: int = 4,
+    producer: _KeepingProducer | None = None,
+) -> list[tuple[int, bytes, bytes]]:
     producer = producer or _KeepingProducer()
     metrics = StreamMetrics(CollectorRegistry())
-    cfg = KafkaConfig(bootstrap_servers="unused:9092", topic="agent.events", group_id="sidecar-g",
-                      results_topic="agent.events.results", dead_letter_topic="agent.events.dlq")
+    cfg = KafkaConfig(
+        bootstrap_servers="unused:9092",
+        topic="agent.events",
+        group_id="sidecar-g",
+        results_topic="agent.events.results",
+        dead_letter_topic="agent.events.dlq",
+    )
     writer = KafkaResultsWriter(producer, cfg, metrics, JournalSigner(keys or []))  # type: ignore[arg-type]
     processor = PartitionProcessor(
-        partition=partition, state_config=StateConfig(turn_debounce_seconds=5, idle_ttl_seconds=60),
-        hooks=_Hooks(outcomes), results=writer, dead_letters=FakeJournal(), metrics=metrics,
-        recovery=Recovery(0, 0, 0, 0), max_record_bytes=1 << 20, max_pending=64,
-        clock=lambda: 0.0, wall_clock=lambda: 1_700_000_000.0,
+        partition=partition,
+        state_config=StateConfig(turn_debounce_seconds=5, idle_ttl_seconds=60),
+        hooks=_Hooks(outcomes),
+        results=writer,
+        dead_letters=FakeJournal(),
+        metrics=metrics,
+        recovery=Recovery(0, 0, 0, 0),
+        max_record_bytes=1 << 20,
+        max_pending=64,
+        clock=lambda: 0.0,
+        wall_clock=lambda: 1_700_000_000.0,
     )
-    evs = [event("conv-1", 0, "user", "hello"), event("conv-1", 1, "assistant", "hi"),
-           event("conv-1", 2, "user", "book"), event("conv-1", 3, None, end=True)]
+    evs = [
+        event("conv-1", 0, "user", "hello"),
+        event("conv-1", 1, "assistant", "hi"),
+        event("conv-1", 2, "user", "book"),
+        event("conv-1", 3, None, end=True),
+    ]
     evs[0]["tenant"] = "acme"
     for i, ev in enumerate(evs):
         await processor.process(record(i, ev), 0.0, 1_700_000_000.0)
@@ -129,30 +150,53 @@ async def _run(outcomes: Mapping[str, Any], *, keys: list[bytes] | None = None, 
     return producer.sent
 
 
-_PLAIN = {"user_message": {"recorded": True, "messages": 1}, "turn_closed": {"p_end": 0.25, "n": None},
-          "conversation_ended": {"scoring": {"p_end": 0.9, "nested": [1, 2.5, "x"]}}}
+_PLAIN = {
+    "user_message": {"recorded": True, "messages": 1},
+    "turn_closed": {"p_end": 0.25, "n": None},
+    "conversation_ended": {"scoring": {"p_end": 0.9, "nested": [1, 2.5, "x"]}},
+}
 
 _EXPECTED_PLAIN = [
-    (1, b"conv-1", b'{"v":1,"partition":4,"position":0,"trigger":"record","kind":"user_message",'
-                   b'"conversation_id":"conv-1","turn":1,"close_reason":null,"end_reason":null,"agent":"a",'
-                   b'"tenant":"acme","messages":1,"outcome":{"recorded":true,"messages":1},'
-                   b'"group":"sidecar-g","topic":"agent.events"}'),
-    (1, b"conv-1", b'{"v":1,"partition":4,"position":2,"trigger":"record","kind":"turn_closed",'
-                   b'"conversation_id":"conv-1","turn":1,"close_reason":"next_user_message","end_reason":null,'
-                   b'"agent":"a","tenant":"acme","messages":2,"outcome":{"p_end":0.25,"n":null},'
-                   b'"group":"sidecar-g","topic":"agent.events"}'),
-    (1, b"conv-1", b'{"v":1,"partition":4,"position":2,"trigger":"record","kind":"user_message",'
-                   b'"conversation_id":"conv-1","turn":2,"close_reason":null,"end_reason":null,"agent":"a",'
-                   b'"tenant":"acme","messages":3,"outcome":{"recorded":true,"messages":1},'
-                   b'"group":"sidecar-g","topic":"agent.events"}'),
-    (1, b"conv-1", b'{"v":1,"partition":4,"position":3,"trigger":"record","kind":"turn_closed",'
-                   b'"conversation_id":"conv-1","turn":2,"close_reason":"conversation_end","end_reason":null,'
-                   b'"agent":"a","tenant":"acme","messages":3,"outcome":{"p_end":0.25,"n":null},'
-                   b'"group":"sidecar-g","topic":"agent.events"}'),
-    (1, b"conv-1", b'{"v":1,"partition":4,"position":3,"trigger":"record","kind":"conversation_ended",'
-                   b'"conversation_id":"conv-1","turn":2,"close_reason":null,"end_reason":"end_event",'
-                   b'"agent":"a","tenant":"acme","messages":3,"outcome":{"scoring":{"p_end":0.9,'
-                   b'"nested":[1,2.5,"x"]}},"group":"sidecar-g","topic":"agent.events"}'),
+    (
+        1,
+        b"conv-1",
+        b'{"v":1,"partition":4,"position":0,"trigger":"record","kind":"user_message",'
+        b'"conversation_id":"conv-1","turn":1,"close_reason":null,"end_reason":null,"agent":"a",'
+        b'"tenant":"acme","messages":1,"outcome":{"recorded":true,"messages":1},'
+        b'"group":"sidecar-g","topic":"agent.events"}',
+    ),
+    (
+        1,
+        b"conv-1",
+        b'{"v":1,"partition":4,"position":2,"trigger":"record","kind":"turn_closed",'
+        b'"conversation_id":"conv-1","turn":1,"close_reason":"next_user_message","end_reason":null,'
+        b'"agent":"a","tenant":"acme","messages":2,"outcome":{"p_end":0.25,"n":null},'
+        b'"group":"sidecar-g","topic":"agent.events"}',
+    ),
+    (
+        1,
+        b"conv-1",
+        b'{"v":1,"partition":4,"position":2,"trigger":"record","kind":"user_message",'
+        b'"conversation_id":"conv-1","turn":2,"close_reason":null,"end_reason":null,"agent":"a",'
+        b'"tenant":"acme","messages":3,"outcome":{"recorded":true,"messages":1},'
+        b'"group":"sidecar-g","topic":"agent.events"}',
+    ),
+    (
+        1,
+        b"conv-1",
+        b'{"v":1,"partition":4,"position":3,"trigger":"record","kind":"turn_closed",'
+        b'"conversation_id":"conv-1","turn":2,"close_reason":"conversation_end","end_reason":null,'
+        b'"agent":"a","tenant":"acme","messages":3,"outcome":{"p_end":0.25,"n":null},'
+        b'"group":"sidecar-g","topic":"agent.events"}',
+    ),
+    (
+        1,
+        b"conv-1",
+        b'{"v":1,"partition":4,"position":3,"trigger":"record","kind":"conversation_ended",'
+        b'"conversation_id":"conv-1","turn":2,"close_reason":null,"end_reason":"end_event",'
+        b'"agent":"a","tenant":"acme","messages":3,"outcome":{"scoring":{"p_end":0.9,'
+        b'"nested":[1,2.5,"x"]}},"group":"sidecar-g","topic":"agent.events"}',
+    ),
 ]
 
 
@@ -162,28 +206,39 @@ async def test_plain_outcomes_keep_their_bytes() -> None:
 
 async def test_signed_records_keep_their_bytes() -> None:
     sent = await _run(_PLAIN, keys=[b"k1", b"k0"], partition=0)
-    assert sent[0] == (0, b"conv-1", b'{"v":1,"partition":0,"position":0,"trigger":"record","kind":"user_message",'
-                       b'"conversation_id":"conv-1","turn":1,"close_reason":null,"end_reason":null,"agent":"a",'
-                       b'"tenant":"acme","messages":1,"outcome":{"recorded":true,"messages":1},'
-                       b'"group":"sidecar-g","topic":"agent.events",'
-                       b'"sig":"b7d18cac58848643d59b2995e1809aed6f44183ddb45e16886976c1b2478ecae"}')
+    assert sent[0] == (
+        0,
+        b"conv-1",
+        b'{"v":1,"partition":0,"position":0,"trigger":"record","kind":"user_message",'
+        b'"conversation_id":"conv-1","turn":1,"close_reason":null,"end_reason":null,"agent":"a",'
+        b'"tenant":"acme","messages":1,"outcome":{"recorded":true,"messages":1},'
+        b'"group":"sidecar-g","topic":"agent.events",'
+        b'"sig":"b7d18cac58848643d59b2995e1809aed6f44183ddb45e16886976c1b2478ecae"}',
+    )
     assert len(sent) == 5
 
 
 async def test_non_finite_unserialisable_and_oversized_outcomes_keep_their_bytes() -> None:
-    outcomes = {"user_message": {"x": math.nan, "y": math.inf}, "turn_closed": {"obj": object()},
-                "conversation_ended": {"text": "x" * (MAX_RESULT_BYTES + 10)}}
+    outcomes = {
+        "user_message": {"x": math.nan, "y": math.inf},
+        "turn_closed": {"obj": object()},
+        "conversation_ended": {"text": "x" * (MAX_RESULT_BYTES + 10)},
+    }
     sent = await _run(outcomes)
     values = [v for _, _, v in sent]
     assert values[0].endswith(b'"messages":1,"outcome":{"x":null,"y":null},"group":"sidecar-g","topic":"agent.events"}')
-    assert values[1] == (b'{"v":1,"partition":4,"position":2,"trigger":"record","kind":"turn_closed",'
-                         b'"conversation_id":"conv-1","turn":1,"close_reason":"next_user_message","end_reason":null,'
-                         b'"agent":"a","tenant":"acme","messages":2,"outcome":{"error":"result_unserialisable"},'
-                         b'"group":"sidecar-g","topic":"agent.events"}')
-    assert values[4] == (b'{"v":1,"partition":4,"position":3,"trigger":"record","kind":"conversation_ended",'
-                         b'"conversation_id":"conv-1","turn":2,"close_reason":null,"end_reason":"end_event",'
-                         b'"agent":"a","tenant":"acme","messages":3,"outcome":{"error":"result_too_large",'
-                         b'"bytes":524566},"group":"sidecar-g","topic":"agent.events"}')
+    assert values[1] == (
+        b'{"v":1,"partition":4,"position":2,"trigger":"record","kind":"turn_closed",'
+        b'"conversation_id":"conv-1","turn":1,"close_reason":"next_user_message","end_reason":null,'
+        b'"agent":"a","tenant":"acme","messages":2,"outcome":{"error":"result_unserialisable"},'
+        b'"group":"sidecar-g","topic":"agent.events"}'
+    )
+    assert values[4] == (
+        b'{"v":1,"partition":4,"position":3,"trigger":"record","kind":"conversation_ended",'
+        b'"conversation_id":"conv-1","turn":2,"close_reason":null,"end_reason":"end_event",'
+        b'"agent":"a","tenant":"acme","messages":3,"outcome":{"error":"result_too_large",'
+        b'"bytes":524566},"group":"sidecar-g","topic":"agent.events"}'
+    )
 
 
 async def test_records_the_broker_refuses_are_shrunk_with_the_same_bytes() -> None:
@@ -212,4 +267,8 @@ async def test_the_reader_decodes_the_type_the_writer_encoded_and_back_to_the_sa
     entry, _ = read_entry(signed[4][2], signer)
     assert entry is not None
     assert (entry.kind, entry.end_reason, entry.turn, entry.outcome) == (
-        "conversation_ended", "end_event", 2, {"scoring": {"p_end": 0.9, "nested": [1, 2.5, "x"]}})
+        "conversation_ended",
+        "end_event",
+        2,
+        {"scoring": {"p_end": 0.9, "nested": [1, 2.5, "x"]}},
+    )

@@ -49,9 +49,16 @@ class BrokenSink:
 
 def make(journal: FakeJournal, stage: PostScoreStage, hooks: Any, commit: Any = None) -> PartitionProcessor:
     return PartitionProcessor(
-        partition=0, state_config=StateConfig(), hooks=hooks, results=journal, dead_letters=journal,
-        metrics=StreamMetrics(CollectorRegistry()), recovery=journal.recovery(commit), max_record_bytes=10_000,
-        max_pending=8, stage=stage,
+        partition=0,
+        state_config=StateConfig(),
+        hooks=hooks,
+        results=journal,
+        dead_letters=journal,
+        metrics=StreamMetrics(CollectorRegistry()),
+        recovery=journal.recovery(commit),
+        max_record_bytes=10_000,
+        max_pending=8,
+        stage=stage,
     )
 
 
@@ -83,7 +90,7 @@ async def test_crash_before_acceptance_shows_the_effect_again_and_journals_it_on
     cp = await p.release(0.01, 1)  # a graceful stop while the sink still waits
     p2 = make(j, PostScoreStage([sink]), TypedHooks(), cp)
     sink.gate.set()
-    for r in recs[cp.offset if cp else 0:]:
+    for r in recs[cp.offset if cp else 0 :]:
         await p2.process(r, 0.0)
     assert await p2.drain(5)
     assert Counter(sink.seen)[("c", 1, "conversation_ended")] == 2  # at-least-once to sinks

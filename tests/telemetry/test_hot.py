@@ -35,10 +35,16 @@ def _without_created(text: str) -> str:
 def test_same_exposition_as_prometheus_client(labelled: bool, encode: Any) -> None:
     labels = ["kind"] if labelled else []
     ref, hot = CollectorRegistry(), CollectorRegistry()
-    _fill(Counter("x_events_total", "Events.", labels, registry=ref),
-          Histogram("x_latency_seconds", "Latency.", labels, buckets=BUCKETS, registry=ref), labelled)
-    _fill(HotCounter("x_events_total", "Events.", labels, registry=hot),
-          HotHistogram("x_latency_seconds", "Latency.", labels, buckets=BUCKETS, registry=hot), labelled)
+    _fill(
+        Counter("x_events_total", "Events.", labels, registry=ref),
+        Histogram("x_latency_seconds", "Latency.", labels, buckets=BUCKETS, registry=ref),
+        labelled,
+    )
+    _fill(
+        HotCounter("x_events_total", "Events.", labels, registry=hot),
+        HotHistogram("x_latency_seconds", "Latency.", labels, buckets=BUCKETS, registry=hot),
+        labelled,
+    )
     want = encode(ref).decode()
     got = encode(hot).decode()
     assert _without_created(got) == _without_created(want)

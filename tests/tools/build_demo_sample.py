@@ -108,8 +108,7 @@ def _clean(rec: dict[str, Any], stats: Stats) -> dict[str, Any]:
                 continue
         out: dict[str, Any] = {"role": turn["role"], "content": content}
         if turn.get("tool_calls"):
-            out["tool_calls"] = [{"name": c["name"], "arguments": c.get("arguments", "")}
-                                 for c in turn["tool_calls"]]
+            out["tool_calls"] = [{"name": c["name"], "arguments": c.get("arguments", "")} for c in turn["tool_calls"]]
         if turn.get("name"):
             out["name"] = turn["name"]
         turns.append(out)
@@ -117,8 +116,13 @@ def _clean(rec: dict[str, Any], stats: Stats) -> dict[str, Any]:
     meta = {k: rec["meta"][k] for k in META_WHITELIST if k in rec.get("meta", {})}
     stats.conversations += 1
     stats.turns += len(turns)
-    return {"conversation_id": rec["conversation_id"], "source": rec["source"],
-            "domain": rec.get("domain", ""), "turns": turns, "meta": meta}
+    return {
+        "conversation_id": rec["conversation_id"],
+        "source": rec["source"],
+        "domain": rec.get("domain", ""),
+        "turns": turns,
+        "meta": meta,
+    }
 
 
 def _readme_facts(folder: Path) -> dict[str, str]:
@@ -143,8 +147,7 @@ def build(datasets: Path) -> tuple[bytes, str]:
     for src in SOURCES:
         folder = datasets / src.folder
         stats = Stats()
-        candidates = [r for r in _read(folder / "dev.jsonl.gz")
-                      if src.min_turns <= len(r["turns"]) <= src.max_turns]
+        candidates = [r for r in _read(folder / "dev.jsonl.gz") if src.min_turns <= len(r["turns"]) <= src.max_turns]
         candidates.sort(key=lambda r: _rank(r["conversation_id"]))
         for rec in candidates[: src.count]:
             selected.append(_clean(rec, stats))
@@ -161,16 +164,20 @@ def build(datasets: Path) -> tuple[bytes, str]:
                 f"({stats.empty_turns_dropped} messages that held nothing else were dropped)"
             )
         roles = ", ".join(f"{k}: {v}" for k, v in sorted(stats.roles.items()))
-        sections.append("\n".join([
-            f"## {src.name}",
-            "",
-            f"- Repository: {facts['repository']}",
-            f"- Commit: `{facts['commit']}`",
-            f"- Licence: {facts['licence']} ({facts['notice']})",
-            f"- Read from: {facts['read_from']} (via the project's development conversion)",
-            f"- In this sample: {stats.conversations} conversations, {stats.turns} messages ({roles})",
-            "- Changes: " + "; ".join(changes) + ".",
-        ]))
+        sections.append(
+            "\n".join(
+                [
+                    f"## {src.name}",
+                    "",
+                    f"- Repository: {facts['repository']}",
+                    f"- Commit: `{facts['commit']}`",
+                    f"- Licence: {facts['licence']} ({facts['notice']})",
+                    f"- Read from: {facts['read_from']} (via the project's development conversion)",
+                    f"- In this sample: {stats.conversations} conversations, {stats.turns} messages ({roles})",
+                    "- Changes: " + "; ".join(changes) + ".",
+                ]
+            )
+        )
     selected.sort(key=lambda r: _rank(r["conversation_id"]))
     raw = io.BytesIO()
     # mtime=0 and no file name: the same records give the same bytes.
@@ -178,16 +185,21 @@ def build(datasets: Path) -> tuple[bytes, str]:
         for rec in selected:
             gz.write(json.dumps(rec, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode())
             gz.write(b"\n")
-    attribution = "\n\n".join([
-        "# Demo sample: sources and attribution",
-        f"`sample.jsonl.gz` holds {len(selected)} task-oriented conversations from public datasets, "
-        "for `sidecar demo` only. Each conversation keeps its original text. It is rebuilt "
-        "deterministically by `tests/tools/build_demo_sample.py` from the project's development "
-        "copies of these datasets. The licences below are those stated in each source repository; "
-        "the original copyright notices and licences apply to the text.",
-        *sections,
-        MIT_TEXT,
-    ]) + "\n"
+    attribution = (
+        "\n\n".join(
+            [
+                "# Demo sample: sources and attribution",
+                f"`sample.jsonl.gz` holds {len(selected)} task-oriented conversations from public datasets, "
+                "for `sidecar demo` only. Each conversation keeps its original text. It is rebuilt "
+                "deterministically by `tests/tools/build_demo_sample.py` from the project's development "
+                "copies of these datasets. The licences below are those stated in each source repository; "
+                "the original copyright notices and licences apply to the text.",
+                *sections,
+                MIT_TEXT,
+            ]
+        )
+        + "\n"
+    )
     return raw.getvalue(), attribution
 
 

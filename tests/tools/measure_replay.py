@@ -26,8 +26,9 @@ from sidecar.tools.demo.replay import conversation_events, encode, interleave, l
 
 def _events(rounds: int) -> list[dict[str, object]]:
     sample = load_sample()
-    convs = (conversation_events(r, conversation_id=f"{r['conversation_id']}#{i}")
-             for i in range(rounds) for r in sample)
+    convs = (
+        conversation_events(r, conversation_id=f"{r['conversation_id']}#{i}") for i in range(rounds) for r in sample
+    )
     return list(interleave(convs, concurrency=50, seed=0))
 
 

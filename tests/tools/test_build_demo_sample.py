@@ -27,8 +27,6 @@ def test_sample_content_is_small_clean_and_attributed(corpora: Path) -> None:
     for rec in records:
         assert set(rec) == {"conversation_id", "source", "domain", "turns", "meta"}
         assert all(STOP_TOKEN not in t["content"] for t in rec["turns"])
-        assert set(rec["meta"]) <= {"completion_level", "completed", "user_reported_task_success",
-                                    "reward", "success"}
-    for needle in ("RasaHQ/STAR", "thu-coai/ConvLab-2", "sierra-research/tau-bench", "Commit: `",
-                   "MIT", "Apache-2.0"):
+        assert set(rec["meta"]) <= {"completion_level", "completed", "user_reported_task_success", "reward", "success"}
+    for needle in ("RasaHQ/STAR", "thu-coai/ConvLab-2", "sierra-research/tau-bench", "Commit: `", "MIT", "Apache-2.0"):
         assert needle in attribution

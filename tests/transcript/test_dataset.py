@@ -35,8 +35,8 @@ GOOD: dict[str, Any] = {
     "turns": [
         {"role": "system", "content": "You are a bank."},
         {"role": "user", "content": "What is my balance?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"name": "balance", "arguments": "{\"id\": 3}"}]},
-        {"role": "tool", "content": "{\"balance\": 10}", "name": "balance"},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "balance", "arguments": '{"id": 3}'}]},
+        {"role": "tool", "content": '{"balance": 10}', "name": "balance"},
         {"role": "assistant", "content": "You have 10 dollars."},
     ],
     "meta": {"completed": True, "tasks": ["a", "b"]},
@@ -103,8 +103,10 @@ MALFORMED: list[tuple[bytes, str]] = [
     (line({"conversation_id": "a", "turns": [{"role": "user", "content": 3}]}), "bad_message"),
     (line({"conversation_id": "a", "turns": [{"role": "user", "content": None}]}), "bad_message"),
     (line({"conversation_id": "a", "turns": [{"role": "assistant", "content": "", "tool_calls": "x"}]}), "bad_message"),
-    (line({"conversation_id": "a", "turns": [{"role": "assistant", "tool_calls": [{"arguments": "{}"}]}]}),
-     "bad_message"),
+    (
+        line({"conversation_id": "a", "turns": [{"role": "assistant", "tool_calls": [{"arguments": "{}"}]}]}),
+        "bad_message",
+    ),
     (line({"conversation_id": "a", "turns": [{"role": "assistant", "tool_calls": [["f"]]}]}), "bad_message"),
 ]
 
@@ -233,8 +235,12 @@ def test_objects_are_read_whatever_their_fields(tmp_path: Path) -> None:
 
 
 def test_artefacts_are_stripped_and_emptied_messages_dropped() -> None:
-    msgs = (Message("user", "thanks ###STOP###"), Message("user", "###STOP###"),
-            Message("assistant", "###STOP###", tool_calls=(ToolCall("f"),)), Message("user", "fine"))
+    msgs = (
+        Message("user", "thanks ###STOP###"),
+        Message("user", "###STOP###"),
+        Message("assistant", "###STOP###", tool_calls=(ToolCall("f"),)),
+        Message("user", "fine"),
+    )
     assert without_artefacts(msgs) == (Message("user", "thanks"), Message("assistant", "", tool_calls=(ToolCall("f"),)),
                                        Message("user", "fine"))  # fmt: skip
 
@@ -266,6 +272,7 @@ def test_parse_line_raises_only_invalid_record_on_any_json(cid: object, turns: o
         assert bad.reason in ("bad_conversation_id", "bad_messages", "bad_message")
     else:
         assert isinstance(cid, str) and isinstance(turns, list)
-        assert all(isinstance(m.content, str) and all(isinstance(c.arguments, str) for c in m.tool_calls)
-                   for m in rec.messages)
+        assert all(
+            isinstance(m.content, str) and all(isinstance(c.arguments, str) for c in m.tool_calls) for m in rec.messages
+        )
         assert rec.meta == (meta if isinstance(meta, dict) else {})

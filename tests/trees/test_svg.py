@@ -59,8 +59,11 @@ def test_two_hundred_leaves() -> None:
     assert len(leaves(root)) == 200
     # the most probable complete branch and its ancestors are highlighted, nothing else
     shape = build_shape(branches, keep_text=True)
-    hot = {int(g.get("data-branch") or -1) for g in root.iter(f"{SVG}g")
-           if g.get("class") in ("branch best", "branch on-best-path")}
+    hot = {
+        int(g.get("data-branch") or -1)
+        for g in root.iter(f"{SVG}g")
+        if g.get("class") in ("branch best", "branch on-best-path")
+    }
     assert hot == shape.best_path()
     best = shape.branches[shape.best() or 0]
     assert best.complete and best.logprob == max(b.logprob for b in shape.branches if b.complete)
@@ -107,7 +110,7 @@ def test_numbers_only_when_text_is_not_kept() -> None:
     svg = render_svg(build_shape(branches, keep_text=False))
     root = parse(svg)
     assert len(leaves(root)) == len(branches)
-    assert "script" not in svg and "xxxxx" not in svg and "class=\"snippet\"" not in svg
+    assert "script" not in svg and "xxxxx" not in svg and 'class="snippet"' not in svg
     assert "logprob -0.700" in svg
 
 

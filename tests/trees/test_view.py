@@ -156,8 +156,11 @@ def test_route_names_cannot_collide() -> None:
 async def test_wired_by_build_hooks_from_escalations() -> None:
     """The app's wiring: the escalation sink feeds the view; alerts link where the view serves."""
     config = SidecarConfig(
-        alerting={"tree_view_base_url": "http://sidecar:9108", "include_text": True,
-                  "policy": {"uncertainty": {"target_rate": 0.2, "window_trees": 20, "min_trees": 10}}},
+        alerting={
+            "tree_view_base_url": "http://sidecar:9108",
+            "include_text": True,
+            "policy": {"uncertainty": {"target_rate": 0.2, "window_trees": 20, "min_trees": 10}},
+        },
     )
     assembly = build_hooks(config, CollectorRegistry())
     assert set(assembly.page_routes) == {"trees", "escalations"}

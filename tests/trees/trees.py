@@ -54,8 +54,11 @@ def many_leaves(n: int = 200, seed: int = 7, text: str | None = None) -> list[Tr
 
 
 def empty_texts() -> list[TreeBranch]:
-    return [TreeBranch(None, 0, "", -0.3, True, None), TreeBranch(0, 0, "", -1.5, True, None),
-            TreeBranch(0, 0, "", -2.5, False, "depth")]
+    return [
+        TreeBranch(None, 0, "", -0.3, True, None),
+        TreeBranch(0, 0, "", -1.5, True, None),
+        TreeBranch(0, 0, "", -2.5, False, "depth"),
+    ]
 
 
 def hostile(n_extra: int = 0) -> list[TreeBranch]:

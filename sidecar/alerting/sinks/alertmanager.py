@@ -99,9 +99,7 @@ class AlertmanagerAlertSink:
 
     name = "alertmanager"
 
-    def __init__(
-        self, cfg: AlertmanagerSinkConfig, *, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
+    def __init__(self, cfg: AlertmanagerSinkConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._cfg = cfg
         headers = {"content-type": "application/json"}
         if cfg.bearer_token is not None:

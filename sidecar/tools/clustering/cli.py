@@ -264,6 +264,7 @@ def run_clusters_command(args: argparse.Namespace) -> int:
         args.output.write_text(text + "\n", encoding="utf-8")
     else:
         sys.stdout.write(text + "\n")
-    print(f"k={out['k']} from {len(convs)} conversations ({stats.records} read, skipped {stats.skipped})",
-          file=sys.stderr)
+    print(
+        f"k={out['k']} from {len(convs)} conversations ({stats.records} read, skipped {stats.skipped})", file=sys.stderr
+    )
     return EXIT_OK

@@ -35,8 +35,9 @@ def metric_summary(registry: CollectorRegistry) -> list[tuple[str, float]]:
 class DemoDisplay:
     """Counts produced events; renders progress plus the registry's counters."""
 
-    def __init__(self, registry: CollectorRegistry, *, total: int | None, metrics_url: str,
-                 stream: TextIO | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, *, total: int | None, metrics_url: str, stream: TextIO | None = None
+    ) -> None:
         self._registry = registry
         self._total = total
         self._metrics_url = metrics_url
@@ -57,8 +58,14 @@ class DemoDisplay:
     def __enter__(self) -> DemoDisplay:
         self._t0 = time.monotonic()
         if self._console.is_terminal:
-            self._live = Live(get_renderable=self._render, console=self._console, refresh_per_second=4,
-                              transient=False, redirect_stdout=True, redirect_stderr=True)
+            self._live = Live(
+                get_renderable=self._render,
+                console=self._console,
+                refresh_per_second=4,
+                transient=False,
+                redirect_stdout=True,
+                redirect_stderr=True,
+            )
             self._live.start()
         return self
 

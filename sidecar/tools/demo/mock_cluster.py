@@ -61,8 +61,15 @@ class MockKafkaCluster:
 
     def start(self) -> str:
         self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, our own module
-            [sys.executable, "-m", "sidecar.tools.demo.mock_cluster", "--brokers", str(self._num_brokers),
-             "--rtt-ms", str(self._rtt_ms)],
+            [
+                sys.executable,
+                "-m",
+                "sidecar.tools.demo.mock_cluster",
+                "--brokers",
+                str(self._num_brokers),
+                "--rtt-ms",
+                str(self._rtt_ms),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -73,7 +80,7 @@ class MockKafkaCluster:
         if not line.startswith(READY_PREFIX):
             self.stop()
             raise RuntimeError(f"mock Kafka cluster did not start (got {line!r})")
-        self.bootstrap_servers = line[len(READY_PREFIX):].strip()
+        self.bootstrap_servers = line[len(READY_PREFIX) :].strip()
         return self.bootstrap_servers
 
     def stop(self) -> None:
@@ -103,8 +110,14 @@ class MockKafkaCluster:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--brokers", type=int, default=1, choices=range(1, 10))
-    parser.add_argument("--rtt-ms", type=int, default=0, choices=range(10_001), metavar="0..10000",
-                        help="simulated broker round-trip time")
+    parser.add_argument(
+        "--rtt-ms",
+        type=int,
+        default=0,
+        choices=range(10_001),
+        metavar="0..10000",
+        help="simulated broker round-trip time",
+    )
     args = parser.parse_args(argv)
     return _serve(args.brokers, args.rtt_ms)
 

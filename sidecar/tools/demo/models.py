@@ -100,5 +100,4 @@ def trained_message_cap(adapter_dir: Path | None) -> int | None:
 
 def clustering_overrides() -> dict[str, Any]:
     """LLM-free goal clusters (the bundled model is no instruct model), re-run every 30 s."""
-    return {"enabled": True, "mode": "extractive", "k1": 12, "min_conversations": 40,
-            "recluster_interval_seconds": 30}
+    return {"enabled": True, "mode": "extractive", "k1": 12, "min_conversations": 40, "recluster_interval_seconds": 30}

@@ -86,35 +86,37 @@ def conversation_events(
     agent_name = agent if agent is not None else agent_tag(str(record.get("source") or "unknown"))
     events: list[Event] = []
     for seq, turn in enumerate(record["turns"]):
-        events.append({
-            "v": 1,
-            "conversation_id": cid,
-            "event_id": event_id(cid, seq),
-            "seq": seq,
-            "ts": start_ts + seq * seconds_per_event,
-            "type": "message",
-            "message": _message(turn),
-            "agent": agent_name,
-            "tenant": tenant,
-        })
+        events.append(
+            {
+                "v": 1,
+                "conversation_id": cid,
+                "event_id": event_id(cid, seq),
+                "seq": seq,
+                "ts": start_ts + seq * seconds_per_event,
+                "type": "message",
+                "message": _message(turn),
+                "agent": agent_name,
+                "tenant": tenant,
+            }
+        )
     if end:
         seq = len(events)
-        events.append({
-            "v": 1,
-            "conversation_id": cid,
-            "event_id": event_id(cid, seq),
-            "seq": seq,
-            "ts": start_ts + seq * seconds_per_event,
-            "type": "conversation_end",
-            "agent": agent_name,
-            "tenant": tenant,
-        })
+        events.append(
+            {
+                "v": 1,
+                "conversation_id": cid,
+                "event_id": event_id(cid, seq),
+                "seq": seq,
+                "ts": start_ts + seq * seconds_per_event,
+                "type": "conversation_end",
+                "agent": agent_name,
+                "tenant": tenant,
+            }
+        )
     return events
 
 
-def interleave(
-    conversations: Iterable[Sequence[Event]], *, concurrency: int, seed: int | None = 0
-) -> Iterator[Event]:
+def interleave(conversations: Iterable[Sequence[Event]], *, concurrency: int, seed: int | None = 0) -> Iterator[Event]:
     """Merge conversations into one stream, ``concurrency`` of them open at any moment.
 
     Each step picks one open conversation uniformly at random and emits its next event; a finished
@@ -157,8 +159,10 @@ def _load(path: Path) -> list[dict[str, Any]]:
     try:
         for rec in read_conversations(path, stats=ReadStats(), strict=True):
             if len(rec.conversation_id) > MAX_CONVERSATION_ID_CHARS:
-                raise SampleError(f"{path}: line {rec.line}: conversation_id is longer than "
-                                  f"{MAX_CONVERSATION_ID_CHARS} characters (the event contract's limit)")
+                raise SampleError(
+                    f"{path}: line {rec.line}: conversation_id is longer than "
+                    f"{MAX_CONVERSATION_ID_CHARS} characters (the event contract's limit)"
+                )
             records.append(record_json(rec))
     except DatasetError as exc:
         raise SampleError(str(exc)) from exc
@@ -211,8 +215,9 @@ async def produce(
     """
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"rate must be a positive number of events per second, not {rate}")
-    producer = AIOKafkaProducer(**plaintext_client_kwargs(bootstrap, client_id="sidecar-demo-producer"), acks="all",
-                                linger_ms=5)
+    producer = AIOKafkaProducer(
+        **plaintext_client_kwargs(bootstrap, client_id="sidecar-demo-producer"), acks="all", linger_ms=5
+    )
     await producer.start()
     sent = 0
     in_flight: set[asyncio.Future[Any]] = set()

@@ -44,26 +44,52 @@ def add_eval_parser(subparsers: Any) -> None:
     )
     p.add_argument("input", type=Path, help="JSONL(.gz), one conversation per line (shared dataset schema)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (created; resumed)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="YAML configuration; its scoring and clustering sections are used")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML configuration; its scoring and clustering sections are used",
+    )
     p.add_argument("--vllm-url", default=None, help="override scoring.vllm.base_url (ending in /v1)")
     p.add_argument("--model-dir", type=Path, default=None, help="override scoring.tokenizer.model_dir")
-    p.add_argument("--adapter", default=None,
-                   help="served LoRA adapter for completion (default: scoring.default_agent.adapter; "
-                        "'none': the instruct prompt on the base model)")
-    p.add_argument("--bundled", action="store_true",
-                   help="start a local vLLM CPU server on the bundled model (adapters/artifacts), as the demo does")
-    p.add_argument("--tree-turns", choices=["last", "all"], default="last",
-                   help="trees at the last user message (the paper) or at every one")
-    p.add_argument("--goals", choices=["config", "llm", "extractive", "off"], default="config",
-                   help="goal clustering mode (default: clustering.mode of the config)")
+    p.add_argument(
+        "--adapter",
+        default=None,
+        help="served LoRA adapter for completion (default: scoring.default_agent.adapter; "
+        "'none': the instruct prompt on the base model)",
+    )
+    p.add_argument(
+        "--bundled",
+        action="store_true",
+        help="start a local vLLM CPU server on the bundled model (adapters/artifacts), as the demo does",
+    )
+    p.add_argument(
+        "--tree-turns",
+        choices=["last", "all"],
+        default="last",
+        help="trees at the last user message (the paper) or at every one",
+    )
+    p.add_argument(
+        "--goals",
+        choices=["config", "llm", "extractive", "off"],
+        default="config",
+        help="goal clustering mode (default: clustering.mode of the config)",
+    )
     p.add_argument("--limit", type=positive_int, default=None, help="the first N valid conversations only")
     p.add_argument("--concurrency", type=positive_int, default=4, help="conversations scored at once")
     p.add_argument("--seed", type=int, default=0, help="seed of the truncation protocol's k")
-    p.add_argument("--max-input-bytes", type=positive_int, default=DEFAULT_MAX_INPUT_BYTES,
-                   help="refuse inputs larger than this, on disk or decompressed")
-    p.add_argument("--judge", action="store_true",
-                   help="also run the two-dimensional LLM judge (judge.llm of the config) for a comparison row")
+    p.add_argument(
+        "--max-input-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_INPUT_BYTES,
+        help="refuse inputs larger than this, on disk or decompressed",
+    )
+    p.add_argument(
+        "--judge",
+        action="store_true",
+        help="also run the two-dimensional LLM judge (judge.llm of the config) for a comparison row",
+    )
     p.add_argument("--strict", action="store_true", help="a malformed line is an error (default: skipped, counted)")
     p.add_argument("--restart", action="store_true", help="discard DIR's earlier results instead of resuming")
     p.set_defaults(handler=run_eval_command)
@@ -84,8 +110,10 @@ def _scoring_config(args: argparse.Namespace, base: ScoringConfig, bundled: dict
     if args.adapter is not None:
         data["default_agent"]["adapter"] = None if args.adapter.lower() == "none" else args.adapter
     if data["tokenizer"]["model_dir"] is None:
-        raise ConfigError("sidecar eval needs the served model's tokenizer: --model-dir DIR, "
-                          "scoring.tokenizer.model_dir in --config, or --bundled")
+        raise ConfigError(
+            "sidecar eval needs the served model's tokenizer: --model-dir DIR, "
+            "scoring.tokenizer.model_dir in --config, or --bundled"
+        )
     try:
         return eval_scoring_config(ScoringConfig.model_validate(data))
     except ValueError as exc:
@@ -116,8 +144,10 @@ def _prepare_out(out: Path, fingerprint: dict[str, Any], restart: bool) -> Resul
             before = None
         if before != fingerprint:
             changed = sorted(k for k in fingerprint if not isinstance(before, dict) or before.get(k) != fingerprint[k])
-            raise ConfigError(f"{out} holds results made with other settings ({', '.join(changed) or 'unreadable'}); "
-                              "use another --out, or --restart to discard them")
+            raise ConfigError(
+                f"{out} holds results made with other settings ({', '.join(changed) or 'unreadable'}); "
+                "use another --out, or --restart to discard them"
+            )
     return results
 
 
@@ -125,8 +155,13 @@ def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
 
 
-async def _score(cfg: ScoringConfig, convs: list[EvalConversation], results: ResultsFile,
-                 args: argparse.Namespace, judge_config: JudgeConfig | None) -> tuple[int, int]:
+async def _score(
+    cfg: ScoringConfig,
+    convs: list[EvalConversation],
+    results: ResultsFile,
+    args: argparse.Namespace,
+    judge_config: JudgeConfig | None,
+) -> tuple[int, int]:
     """Score what is not done yet; returns (scored now, already done)."""
     from prometheus_client import CollectorRegistry
     from rich.console import Console
@@ -153,14 +188,18 @@ async def _score(cfg: ScoringConfig, convs: list[EvalConversation], results: Res
     scorers = Scorers.from_config(cfg, registry)
     judge = None if judge_config is None else TwoDimensionalJudge(judge_config, JudgeMetrics(registry))
     await scorers.start()
-    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     try:
         with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
             task = bar.add_task("scoring conversations", total=len(todo))
             scorer = ConversationScorer(scorers, tree_turns=args.tree_turns, seed=args.seed, judge=judge)
-            await score_all(scorer, todo, results, concurrency=args.concurrency,
-                            on_done=lambda _row: bar.advance(task))
+            await score_all(scorer, todo, results, concurrency=args.concurrency, on_done=lambda _row: bar.advance(task))
     finally:
         await scorers.stop()
         if judge is not None:
@@ -214,8 +253,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
             server.stop()
 
 
-def _run(args: argparse.Namespace, config: Any, convs: list[EvalConversation], read: str,
-         bundled: dict[str, Any] | None) -> int:
+def _run(
+    args: argparse.Namespace, config: Any, convs: list[EvalConversation], read: str, bundled: dict[str, Any] | None
+) -> int:
     from sidecar.tools.eval import figures
     from sidecar.tools.eval.goals import cluster_goals
     from sidecar.tools.eval.metrics import completion_examples, judge_rows, tree_samples
@@ -226,8 +266,9 @@ def _run(args: argparse.Namespace, config: Any, convs: list[EvalConversation], r
     t0 = time.monotonic()
     cfg = _scoring_config(args, config.scoring, bundled)
     judge_config = config.judge if args.judge else None
-    fingerprint = settings_fingerprint(cfg, args.tree_turns, args.seed,
-                                       None if judge_config is None else judge_config.llm.model)
+    fingerprint = settings_fingerprint(
+        cfg, args.tree_turns, args.seed, None if judge_config is None else judge_config.llm.model
+    )
     results = _prepare_out(args.out, fingerprint, args.restart)
     _write_json(args.out / "run.json", {"settings": fingerprint})
     scored, resumed = asyncio.run(_score(cfg, convs, results, args, judge_config))
@@ -259,6 +300,9 @@ def _run(args: argparse.Namespace, config: Any, convs: list[EvalConversation], r
     summary["run"]["wall seconds"] = round(time.monotonic() - t0, 1)
     _write_json(args.out / "summary.json", summary)
     (args.out / "report.html").write_text(render_report(summary, rows, clusters, made, judged), encoding="utf-8")
-    print(f"sidecar eval: {len(rows)} conversations in {args.out / 'report.html'} "
-          f"({scored} scored now, {resumed} from earlier runs; input: {read})", file=sys.stderr)
+    print(
+        f"sidecar eval: {len(rows)} conversations in {args.out / 'report.html'} "
+        f"({scored} scored now, {resumed} from earlier runs; input: {read})",
+        file=sys.stderr,
+    )
     return EXIT_OK

@@ -79,8 +79,13 @@ def _conversations(path: Path, max_bytes: int, strict: bool, stats: ReadStats) -
     seen: set[str] = set()
     limits = ReadLimits(max_total_bytes=max_bytes, flag="--max-input-bytes")
     for rec in read_conversations(path, stats=stats, limits=limits, strict=strict):
-        reason = ("no_user_message" if count_turns(rec.messages) == 0
-                  else "duplicate_id" if rec.conversation_id in seen else None)
+        reason = (
+            "no_user_message"
+            if count_turns(rec.messages) == 0
+            else "duplicate_id"
+            if rec.conversation_id in seen
+            else None
+        )
         if reason is None:
             seen.add(rec.conversation_id)
             yield eval_conversation(rec)

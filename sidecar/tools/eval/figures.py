@@ -48,8 +48,11 @@ def completion_figures(examples: Sequence[Example], out: Path) -> dict[str, Path
         if pts is not None:
             ax.plot(*pts, label=f"{name} (n={len(ex)})", linewidth=2.2 if name == "all" else 1.2)
     ax.plot([0, 1], [0, 1], color="#999", linestyle=":", linewidth=1)
-    ax.set(xlabel="false positive rate (truncated called complete)", ylabel="true positive rate",
-           title="ROC of P(end), positive = complete")
+    ax.set(
+        xlabel="false positive rate (truncated called complete)",
+        ylabel="true positive rate",
+        title="ROC of P(end), positive = complete",
+    )
     ax.legend(fontsize=8, loc="lower right")
     made["roc"] = _save(fig, out / "completion_roc.png")
 

@@ -26,15 +26,21 @@ async def cluster_goals(
     """``{"k", "mode", "clusters": [{cluster, label, size, scored, complete, completion_rate}],
     "assignments": {id: cluster}}``; clusters by decreasing size."""
     if len(convs) < MIN_CONVERSATIONS:
-        return {"k": 0, "mode": config.mode, "clusters": [], "assignments": {},
-                "skipped": f"fewer than {MIN_CONVERSATIONS} conversations"}
+        return {
+            "k": 0,
+            "mode": config.mode,
+            "clusters": [],
+            "assignments": {},
+            "skipped": f"fewer than {MIN_CONVERSATIONS} conversations",
+        }
     metrics = ClusteringMetrics(CollectorRegistry())
     llm: GoalLLM = OpenAIGoalLLM(config, metrics) if config.mode == "llm" else ExtractiveGoalLLM(config)
     embedder = build_embedder(config.embedding)
     try:
         # Only the messages are summarised: labels and sources never reach the summariser.
-        summaries = await summarize_all([Conversation(c.conversation_id, c.messages) for c in convs], llm,
-                                        concurrency=config.llm.max_concurrency)
+        summaries = await summarize_all(
+            [Conversation(c.conversation_id, c.messages) for c in convs], llm, concurrency=config.llm.max_concurrency
+        )
         vectors = await asyncio.to_thread(embedder.embed, summaries)
         # k1 is an overestimate of the goal count; on a small file the configured one (40 by
         # default, sized for a live reservoir) would give every conversation its own cluster.
@@ -49,14 +55,16 @@ async def cluster_goals(
         members = [convs[i].conversation_id for i in range(len(convs)) if int(result.assignments[i]) == c]
         known = [verdicts[m] for m in members if verdicts.get(m) is not None]
         complete = sum(1 for v in known if v)
-        clusters.append({
-            "cluster": c,
-            "label": result.labels[c],
-            "size": len(members),
-            "scored": len(known),
-            "complete": complete,
-            "completion_rate": complete / len(known) if known else None,
-        })
+        clusters.append(
+            {
+                "cluster": c,
+                "label": result.labels[c],
+                "size": len(members),
+                "scored": len(known),
+                "complete": complete,
+                "completion_rate": complete / len(known) if known else None,
+            }
+        )
     clusters.sort(key=lambda r: (-r["size"], r["cluster"]))
     return {
         "k": result.k,
@@ -64,4 +72,3 @@ async def cluster_goals(
         "clusters": clusters,
         "assignments": {c.conversation_id: int(result.assignments[i]) for i, c in enumerate(convs)},
     }
-

@@ -77,8 +77,11 @@ def completion_section(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         completed = (row.get("labels") or {}).get("completed")
         full = (row.get("completion") or {}).get("full") or {}
         if isinstance(completed, bool) and full.get("p_end") is not None:
-            real.append(Example(row["id"], row.get("source", "unknown"), completed, float(full["p_end"]),
-                                bool(full["complete"])))
+            real.append(
+                Example(
+                    row["id"], row.get("source", "unknown"), completed, float(full["p_end"]), bool(full["complete"])
+                )
+            )
     return {
         "positive_class": "complete (the full conversation); the truncated copy is the negative class",
         "errors": errors,
@@ -113,8 +116,16 @@ def judge_rows(rows: Iterable[Mapping[str, Any]]) -> list[MethodRow]:
         return []
     return [
         classification_row("sidecar completion (judge-free)", labels, ours),
-        classification_row("two-dimensional LLM judge", labels, theirs, judge_free=False, undecided=undecided,
-                           calls=calls, prompt_tokens=prompt, completion_tokens=generated),
+        classification_row(
+            "two-dimensional LLM judge",
+            labels,
+            theirs,
+            judge_free=False,
+            undecided=undecided,
+            calls=calls,
+            prompt_tokens=prompt,
+            completion_tokens=generated,
+        ),
     ]
 
 
@@ -136,8 +147,14 @@ def tree_samples(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]
             if tree.get("error") or tree.get("max_logprob") is None:
                 errors += 1
                 continue
-            out.append({**tree, "id": row["id"], "source": row.get("source", "unknown"),
-                        "verdict_complete": full.get("complete")})
+            out.append(
+                {
+                    **tree,
+                    "id": row["id"],
+                    "source": row.get("source", "unknown"),
+                    "verdict_complete": full.get("complete"),
+                }
+            )
     return out, errors
 
 
@@ -222,7 +239,16 @@ def uncertainty_section(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _sample(t: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("id", "source", "turn", "leaves", "complete_leaves", "max_logprob", "length_chars", "verdict_complete",
-            "best_branch", "budget_hit")
+    keys = (
+        "id",
+        "source",
+        "turn",
+        "leaves",
+        "complete_leaves",
+        "max_logprob",
+        "length_chars",
+        "verdict_complete",
+        "best_branch",
+        "budget_hit",
+    )
     return {k: t.get(k) for k in keys}
-

@@ -185,21 +185,34 @@ class ConversationScorer:
         try:
             if self.adapter is not None:
                 score = await self.scorers.score_adapter(messages, self.adapter)
-                return {"p_end": score.p_end, "complete": score.complete, "method": score.p_end_method,
-                        "variant": score.variant}
+                return {
+                    "p_end": score.p_end,
+                    "complete": score.complete,
+                    "method": score.p_end_method,
+                    "variant": score.variant,
+                }
             request = await self.scorers.completion_request(messages, None)
             score = await self._until_available(request.score)
         except (PromptTooLong, UnsafeContentError, PermanentError) as exc:
             return {"error": _reason(exc)}
         out = score.outcome(include_text=False)  # rounded as the live outcome is
-        return {"p_end": out["p_end"], "complete": out["complete"], "method": out["p_end_method"],
-                "variant": out["variant"]}
+        return {
+            "p_end": out["p_end"],
+            "complete": out["complete"],
+            "method": out["p_end_method"],
+            "variant": out["variant"],
+        }
 
     async def judged(self, messages: Sequence[Message]) -> dict[str, Any]:
         assert self.judge is not None
         v = await self.judge.judge(messages)
-        return {"complete": v.complete, "decided": v.decided, "calls": v.calls,
-                "prompt_tokens": v.prompt_tokens, "completion_tokens": v.completion_tokens}
+        return {
+            "complete": v.complete,
+            "decided": v.decided,
+            "calls": v.calls,
+            "prompt_tokens": v.prompt_tokens,
+            "completion_tokens": v.completion_tokens,
+        }
 
     async def tree(self, conv: EvalConversation, turn: int) -> dict[str, Any]:
         messages = through_user_message(conv.messages, turn)
@@ -220,8 +233,9 @@ class ConversationScorer:
             "generated_tokens": event.generated_tokens,
             "budget_hit": event.budget_hit,
             "best_branch": event.best_branch,
-            "branches": [[b.parent, b.split_text_chars, b.text, b.logprob, b.complete, b.truncated]
-                         for b in event.branches],
+            "branches": [
+                [b.parent, b.split_text_chars, b.text, b.logprob, b.complete, b.truncated] for b in event.branches
+            ],
         }
 
     async def verdicts(self, conv: EvalConversation) -> dict[str, Any]:
@@ -244,8 +258,13 @@ class ConversationScorer:
         judge = {"full": done[0], "truncated": done[1] if k is not None else None} if judged else None
         return list(done[judged:]), judge
 
-    def row(self, conv: EvalConversation, completion: dict[str, Any], trees: list[dict[str, Any]],
-            judge: dict[str, Any] | None) -> dict[str, Any]:
+    def row(
+        self,
+        conv: EvalConversation,
+        completion: dict[str, Any],
+        trees: list[dict[str, Any]],
+        judge: dict[str, Any] | None,
+    ) -> dict[str, Any]:
         return {
             "v": RESULTS_VERSION,
             "id": conv.conversation_id,

@@ -58,30 +58,59 @@ def add_judge_parser(subparsers: Any) -> None:
     p.add_argument("--model", default=None, help="override judge.llm.model")
     p.add_argument("--api-key-env", default=None, metavar="VAR", help="read the endpoint's API key from this env var")
     p.add_argument("--max-tokens", type=positive_int, default=None, help="override judge.llm.max_tokens")
-    p.add_argument("--structured-output", choices=["json_schema", "vllm_structured_outputs", "none"], default=None,
-                   help="override judge.llm.structured_output")
+    p.add_argument(
+        "--structured-output",
+        choices=["json_schema", "vllm_structured_outputs", "none"],
+        default=None,
+        help="override judge.llm.structured_output",
+    )
     p.add_argument("--concurrency", type=positive_int, default=None, help="override judge.llm.max_concurrency")
     p.add_argument("--max-attempts", type=positive_int, default=None, help="override judge.llm.max_attempts")
-    p.add_argument("--max-transcript-chars", type=positive_int, default=None,
-                   help="override judge.max_transcript_chars (the middle of longer conversations is left out)")
+    p.add_argument(
+        "--max-transcript-chars",
+        type=positive_int,
+        default=None,
+        help="override judge.max_transcript_chars (the middle of longer conversations is left out)",
+    )
     p.add_argument("--max-message-chars", type=positive_int, default=None, help="override judge.max_message_chars")
     p.add_argument("--agent-description-file", type=Path, default=None, help="what the agent can do (judge prompts)")
     p.add_argument("--limit", type=positive_int, default=None, help="judge at most N examples in all")
-    p.add_argument("--protocol", choices=["none", "truncation"], default="none",
-                   help="truncation: each conversation (complete) and a copy cut at a seeded turn (incomplete)")
-    p.add_argument("--label-field", default=None, metavar="DOTTED",
-                   help="known completion label of each record, e.g. meta.success (protocol none)")
+    p.add_argument(
+        "--protocol",
+        choices=["none", "truncation"],
+        default="none",
+        help="truncation: each conversation (complete) and a copy cut at a seeded turn (incomplete)",
+    )
+    p.add_argument(
+        "--label-field",
+        default=None,
+        metavar="DOTTED",
+        help="known completion label of each record, e.g. meta.success (protocol none)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the truncation protocol")
-    p.add_argument("--max-file-bytes", type=positive_int, default=DEFAULT_MAX_FILE_BYTES,
-                   help="refuse input files larger than this")
+    p.add_argument(
+        "--max-file-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_FILE_BYTES,
+        help="refuse input files larger than this",
+    )
     p.add_argument("--no-text", action="store_true", help="leave explanations and items out of --output")
     p.add_argument("--output", type=Path, default=None, help="write one JSON line per judged example here")
     p.add_argument("--summary", type=Path, default=None, help="write the summary JSON here instead of stdout")
     p.add_argument("--markdown", type=Path, default=None, help="write the comparison table (Markdown) here")
-    p.add_argument("--compare", type=Path, default=None, metavar="REPORT",
-                   help="an adapters eval report.json whose judge-free rows go beside the judge's")
-    p.add_argument("--compare-section", default=None, metavar="DATASET[.PROTOCOL]",
-                   help="which section of --compare, e.g. sgd or star.protocol")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        metavar="REPORT",
+        help="an adapters eval report.json whose judge-free rows go beside the judge's",
+    )
+    p.add_argument(
+        "--compare-section",
+        default=None,
+        metavar="DATASET[.PROTOCOL]",
+        help="which section of --compare, e.g. sgd or star.protocol",
+    )
     p.set_defaults(handler=run_judge_command)
 
 
@@ -152,8 +181,14 @@ def _compare_rows(args: argparse.Namespace) -> list[MethodRow]:
 
 
 def _example_row(ex: JudgeExample, v: JudgeVerdict, include_text: bool) -> dict[str, Any]:
-    return {"conversation_id": ex.conversation_id, "source": ex.source, "kind": ex.kind, "label": ex.label,
-            "messages": len(ex.messages), **v.outcome(include_text=include_text)}
+    return {
+        "conversation_id": ex.conversation_id,
+        "source": ex.source,
+        "kind": ex.kind,
+        "label": ex.label,
+        "messages": len(ex.messages),
+        **v.outcome(include_text=include_text),
+    }
 
 
 def _summary(verdicts: Sequence[JudgeVerdict]) -> dict[str, Any]:
@@ -215,8 +250,14 @@ def _load(args: argparse.Namespace) -> tuple[list[JudgeExample], ReadStats]:
     stats = ReadStats()
     examples: list[JudgeExample] = []
     for path in args.inputs:
-        found = read_examples(path, stats=stats, protocol=args.protocol, label_field=args.label_field, seed=args.seed,
-                              max_file_bytes=args.max_file_bytes)
+        found = read_examples(
+            path,
+            stats=stats,
+            protocol=args.protocol,
+            label_field=args.label_field,
+            seed=args.seed,
+            max_file_bytes=args.max_file_bytes,
+        )
         for ex in found:
             if args.limit is not None and len(examples) >= args.limit:
                 break

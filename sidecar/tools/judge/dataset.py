@@ -74,7 +74,12 @@ def truncation_turn(conversation_id: str, n_turns: int, seed: int) -> int | None
 
 
 def read_examples(
-    path: Path, *, stats: ReadStats, protocol: Protocol = "none", label_field: str | None = None, seed: int = 0,
+    path: Path,
+    *,
+    stats: ReadStats,
+    protocol: Protocol = "none",
+    label_field: str | None = None,
+    seed: int = 0,
     max_file_bytes: int | None = None,
 ) -> Iterator[JudgeExample]:
     """The judge examples of one file, in file order (with ``truncation``: full, then its copy).

@@ -46,7 +46,16 @@ from sidecar.judge.prompts import escape_json
 # The five MultiWOZ domains the paper's completeness prompt lists, with their slots.
 MULTIWOZ_SCHEMA: dict[str, tuple[str, ...]] = {
     "hotel": (
-        "area", "type", "internet", "parking", "name", "book day", "pricerange", "stars", "book stay", "book people",
+        "area",
+        "type",
+        "internet",
+        "parking",
+        "name",
+        "book day",
+        "pricerange",
+        "stars",
+        "book stay",
+        "book people",
     ),
     "restaurant": ("area", "food", "name", "pricerange", "book day", "book people", "book time"),
     "attraction": ("area", "name", "type"),
@@ -93,7 +102,7 @@ def _turn_block(turn: DstTurn) -> str:
 
 
 _ACCURACY = (
-    "# Instruction\nYour task is to evaluate every domain-slot, value pair in \"State of this turn\". The turn state "
+    '# Instruction\nYour task is to evaluate every domain-slot, value pair in "State of this turn". The turn state '
     "represents the requirements and confirmations of the user. Domain information is generic; constraints are "
     "given by the slot. Capitalisation and completeness are not a consideration.\n"
     "# Reasoning path\nRead the pairs of the turn state one by one. For each pair, check against the current turn's "
@@ -108,11 +117,11 @@ _COMPLETENESS = (
     "updated pairs belong to a turn state; a pair mentioned earlier and unchanged is not missed. When the agent "
     "recommends something and the user accepts it or asks more about it, the recommendation's details belong to "
     "the turn state. Information the user requests is not part of it. A slot the user does not care about has "
-    "the value \"dontcare\". A slot that is not given in the dialogue is not missed.\n"
+    'the value "dontcare". A slot that is not given in the dialogue is not missed.\n'
     "# Schema (domain: slots)\n{schema}\n"
     "# Reasoning path\nRead the current turn's utterances. Whenever you meet a slot value, first read the history "
     "to see whether it was already mentioned; if it was, decide whether it changed in this turn. If it is a pair "
-    "this turn should track, read \"State of this turn\" and decide whether it is missed. Then output all the "
+    'this turn should track, read "State of this turn" and decide whether it is missed. Then output all the '
     "missed pairs.\n"
     "# Output format\nAnswer with one JSON object and nothing else: "
     '{{"explanation": "<your step by step thinking>", "missed_domain_slots": {{"domain-slot": "value", ...}}}}'

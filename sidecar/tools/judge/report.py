@@ -59,8 +59,14 @@ def classification_row(
     if f1 is None and n:
         f1 = 0.0
     return MethodRow(
-        method, n, _ratio(tp + tn, n), precision if precision is not None else (0.0 if n else None),
-        recall, f1, judge_free, undecided,
+        method,
+        n,
+        _ratio(tp + tn, n),
+        precision if precision is not None else (0.0 if n else None),
+        recall,
+        f1,
+        judge_free,
+        undecided,
         _ratio(calls, n) if calls is not None else None,
         _ratio(prompt_tokens, n) if prompt_tokens is not None else None,
         _ratio(completion_tokens, n) if completion_tokens is not None else None,
@@ -90,13 +96,21 @@ def rows_from_eval_section(
         c = m["complete"]
         raw_cost = m.get("cost")
         cost: Mapping[str, Any] = raw_cost if isinstance(raw_cost, Mapping) else {}
-        rows.append(MethodRow(
-            name, int(m.get("n", 0)), m.get("accuracy"), c.get("precision"), c.get("recall"), c.get("f1"),
-            judge_free=key != "judge", undecided=int(m.get("undecided", 0)),
-            calls_per_conversation=cost.get("calls_per_conversation"),
-            prompt_tokens_per_conversation=cost.get("prompt_tokens_per_conversation"),
-            completion_tokens_per_conversation=cost.get("completion_tokens_per_conversation"),
-        ))
+        rows.append(
+            MethodRow(
+                name,
+                int(m.get("n", 0)),
+                m.get("accuracy"),
+                c.get("precision"),
+                c.get("recall"),
+                c.get("f1"),
+                judge_free=key != "judge",
+                undecided=int(m.get("undecided", 0)),
+                calls_per_conversation=cost.get("calls_per_conversation"),
+                prompt_tokens_per_conversation=cost.get("prompt_tokens_per_conversation"),
+                completion_tokens_per_conversation=cost.get("completion_tokens_per_conversation"),
+            )
+        )
     return rows
 
 

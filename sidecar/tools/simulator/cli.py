@@ -81,11 +81,20 @@ def add_simulate_parser(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--goals", type=Path, required=True, metavar="FILE",
-                   help="goal spec JSONL(.gz): {goal, goal_id?, domain?} or dataset records with a goal field")
+    p.add_argument(
+        "--goals",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="goal spec JSONL(.gz): {goal, goal_id?, domain?} or dataset records with a goal field",
+    )
     p.add_argument("--limit", type=whole_number(1, 10_000_000), default=None, help="simulate at most N goals")
-    p.add_argument("--max-file-bytes", type=whole_number(1, 2**40), default=DEFAULT_MAX_FILE_BYTES,
-                   help="refuse goal files larger than this")
+    p.add_argument(
+        "--max-file-bytes",
+        type=whole_number(1, 2**40),
+        default=DEFAULT_MAX_FILE_BYTES,
+        help="refuse goal files larger than this",
+    )
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("--out", type=Path, default=None, metavar="FILE", help="write the events as JSON lines here")
     out.add_argument("--kafka", default=None, metavar="BOOTSTRAP", help="produce the events to Kafka (host:port,...)")
@@ -101,10 +110,18 @@ def add_simulate_parser(subparsers: Any) -> None:
         p.add_argument(f"--{role}-api-key-env", default=None, metavar="VAR", help="read its API key from this env var")
         p.add_argument(f"--{role}-max-tokens", type=whole_number(8, 16384), default=None, help="cap per answer")
         p.add_argument(f"--{role}-temperature", type=_temperature, default=None, help="sampling temperature")
-    p.add_argument("--assistant-system-prompt-file", type=Path, default=None,
-                   help="system prompt for the assistant (replaces the built-in one)")
-    p.add_argument("--structured-output", choices=["json_schema", "vllm_structured_outputs", "none"],
-                   default="json_schema", help="how the summary checker asks for JSON")
+    p.add_argument(
+        "--assistant-system-prompt-file",
+        type=Path,
+        default=None,
+        help="system prompt for the assistant (replaces the built-in one)",
+    )
+    p.add_argument(
+        "--structured-output",
+        choices=["json_schema", "vllm_structured_outputs", "none"],
+        default="json_schema",
+        help="how the summary checker asks for JSON",
+    )
     p.add_argument("--request-timeout", type=_seconds, default=60.0, help="seconds per chat request attempt")
     p.add_argument("--agent", default="simulated", help="the events' agent name")
     p.add_argument("--tenant", default=None, help="the events' tenant")
@@ -166,28 +183,42 @@ def simulator_config(args: argparse.Namespace) -> SimulatorConfig:
             raise ConfigError(f"cannot read {path}: {exc}") from exc
     try:
         return SimulatorConfig(
-            user=user, assistant=assistant, assistant_mode="external" if external else "builtin",
-            assistant_system_prompt=prompt, first_speaker=args.first_speaker, max_turns=args.max_turns,
-            max_user_words=args.max_user_words, agent=args.agent, tenant=args.tenant,
-            concurrency=args.concurrency, rate=args.rate,
+            user=user,
+            assistant=assistant,
+            assistant_mode="external" if external else "builtin",
+            assistant_system_prompt=prompt,
+            first_speaker=args.first_speaker,
+            max_turns=args.max_turns,
+            max_user_words=args.max_user_words,
+            agent=args.agent,
+            tenant=args.tenant,
+            concurrency=args.concurrency,
+            rate=args.rate,
         )
     except ValueError as exc:
         raise ConfigError(f"invalid simulate options: {exc}") from exc
 
 
 async def run_simulation(
-    cfg: SimulatorConfig, goals_path: Path, writer: EventWriter, *, limit: int | None, max_file_bytes: int,
-    id_prefix: str, registry: CollectorRegistry | None = None,
+    cfg: SimulatorConfig,
+    goals_path: Path,
+    writer: EventWriter,
+    *,
+    limit: int | None,
+    max_file_bytes: int,
+    id_prefix: str,
+    registry: CollectorRegistry | None = None,
 ) -> list[SimulatedConversation]:
     """Load the goals, simulate them into ``writer`` (started and stopped here), return the conversations."""
-    goals, stats = load_goals(goals_path, max_file_bytes=max_file_bytes, max_goal_chars=cfg.max_goal_chars,
-                              limit=limit)
+    goals, stats = load_goals(goals_path, max_file_bytes=max_file_bytes, max_goal_chars=cfg.max_goal_chars, limit=limit)
     if not goals:
         raise ConfigError(f"no usable goal in {goals_path} (skipped: {stats.skipped})")
     user_client = OpenAIChatClient(cfg.user)
     assistant_client = user_client if cfg.assistant == cfg.user else OpenAIChatClient(cfg.assistant)
     dialogue = Dialogue(
-        cfg, UserAgent(user_client), AssistantAgent(assistant_client, cfg.assistant_mode, cfg.assistant_system_prompt),
+        cfg,
+        UserAgent(user_client),
+        AssistantAgent(assistant_client, cfg.assistant_mode, cfg.assistant_system_prompt),
         SummaryChecker(user_client),
     )
     plan = RunPlan(cfg.agent, cfg.tenant, cfg.concurrency, cfg.rate, id_prefix)
@@ -206,8 +237,11 @@ def run_simulate_command(args: argparse.Namespace) -> int:
     """Handler of ``sidecar simulate``: 0 on success, 1 when every conversation failed, 2 on bad usage."""
     configure_logging(LoggingConfig())  # to stderr: stdout carries the summary
     cfg = simulator_config(args)
-    for flag, path in (("--out", args.out), ("--conversations-out", args.conversations_out),
-                       ("--summary", args.summary)):
+    for flag, path in (
+        ("--out", args.out),
+        ("--conversations-out", args.conversations_out),
+        ("--summary", args.summary),
+    ):
         if path is not None and not path.parent.is_dir():
             raise ConfigError(f"{flag}: directory {path.parent} does not exist")
     writer: EventWriter = KafkaEventWriter(args.kafka, args.topic) if args.kafka else JsonlEventWriter(args.out)
@@ -216,14 +250,20 @@ def run_simulate_command(args: argparse.Namespace) -> int:
         raise ConfigError("--id-prefix must be 1-200 characters")
     t0 = time.monotonic()
     try:
-        convs = asyncio.run(run_simulation(cfg, args.goals, writer, limit=args.limit,
-                                           max_file_bytes=args.max_file_bytes, id_prefix=prefix))
+        convs = asyncio.run(
+            run_simulation(
+                cfg, args.goals, writer, limit=args.limit, max_file_bytes=args.max_file_bytes, id_prefix=prefix
+            )
+        )
     except (KafkaError, OSError) as exc:  # the destination, not the endpoints: those end conversations
         print(f"sidecar simulate: cannot write the events: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     events = getattr(writer, "sent", 0)
-    summary = {"goals": str(args.goals), "destination": f"kafka:{args.topic}" if args.kafka else str(args.out),
-               **run_summary(convs, events, time.monotonic() - t0)}
+    summary = {
+        "goals": str(args.goals),
+        "destination": f"kafka:{args.topic}" if args.kafka else str(args.out),
+        **run_summary(convs, events, time.monotonic() - t0),
+    }
     if args.conversations_out is not None:
         with args.conversations_out.open("w", encoding="utf-8") as fh:
             for c in convs:

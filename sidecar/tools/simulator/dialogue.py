@@ -124,8 +124,9 @@ class Dialogue:
             log.warning("simulator.conversation_failed", error=conv.error, turns=conv.turns)
         return conv
 
-    async def _say(self, conv: SimulatedConversation, role: Literal["user", "assistant"], text: str,
-                   on_message: OnMessage) -> None:
+    async def _say(
+        self, conv: SimulatedConversation, role: Literal["user", "assistant"], text: str, on_message: OnMessage
+    ) -> None:
         message = Message(role, text)
         conv.messages.append(message)
         await on_message(message)
@@ -135,8 +136,9 @@ class Dialogue:
         words = cfg.max_user_words
         instructions: list[str] = []
         if cfg.first_speaker == "assistant":
-            await self._say(conv, "assistant", await self.assistant.speak(conv.messages, conv.costs["assistant"]),
-                            on_message)
+            await self._say(
+                conv, "assistant", await self.assistant.speak(conv.messages, conv.costs["assistant"]), on_message
+            )
         while True:
             if conv.turns >= cfg.max_turns:
                 conv.end_reason = "turn_limit"
@@ -164,5 +166,6 @@ class Dialogue:
             if self.is_goodbye(text):
                 conv.end_reason = "goodbye"
                 return
-            await self._say(conv, "assistant", await self.assistant.speak(conv.messages, conv.costs["assistant"]),
-                            on_message)
+            await self._say(
+                conv, "assistant", await self.assistant.speak(conv.messages, conv.costs["assistant"]), on_message
+            )

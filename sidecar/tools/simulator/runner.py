@@ -111,13 +111,22 @@ def run_summary(convs: Sequence[SimulatedConversation], events: int, wall_second
     """The run in figures: end reasons, turns, summaries and their mean ROUGE, cost per role."""
     n = len(convs)
     scored = [s for s in (c.rouge() for c in convs) if s is not None]
-    mean_rouge = {
-        variant: {k: _mean([s[variant][k] for s in scored]) for k in ("precision", "recall", "fmeasure")}
-        for variant in ("rouge1", "rouge2", "rougeL")
-    } if scored else None
-    cost = {r: {"calls": sum(c.costs[r].calls for c in convs),
-                "prompt_tokens": sum(c.costs[r].prompt_tokens for c in convs),
-                "completion_tokens": sum(c.costs[r].completion_tokens for c in convs)} for r in ROLES}
+    mean_rouge = (
+        {
+            variant: {k: _mean([s[variant][k] for s in scored]) for k in ("precision", "recall", "fmeasure")}
+            for variant in ("rouge1", "rouge2", "rougeL")
+        }
+        if scored
+        else None
+    )
+    cost = {
+        r: {
+            "calls": sum(c.costs[r].calls for c in convs),
+            "prompt_tokens": sum(c.costs[r].prompt_tokens for c in convs),
+            "completion_tokens": sum(c.costs[r].completion_tokens for c in convs),
+        }
+        for r in ROLES
+    }
     return {
         "conversations": n,
         "end_reasons": {r: sum(1 for c in convs if c.end_reason == r) for r in END_REASONS},
@@ -128,8 +137,6 @@ def run_summary(convs: Sequence[SimulatedConversation], events: int, wall_second
         "rouge_mean": mean_rouge,
         "events": events,
         "cost": cost,
-        "cost_per_conversation": {
-            r: {k: v / n for k, v in cost[r].items()} if n else None for r in ROLES
-        },
+        "cost_per_conversation": {r: {k: v / n for k, v in cost[r].items()} if n else None for r in ROLES},
         "wall_seconds": round(wall_seconds, 3),
     }
