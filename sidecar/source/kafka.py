@@ -204,6 +204,9 @@ class KafkaEventSource:
         self.metrics.partitions_assigned.set(len(self._workers))
         if offsets:
             await self._commit(offsets)
+        for tp in revoked:
+            if tp not in self._workers:  # re-assigned meanwhile: its series belong to it again
+                self.metrics.forget_partition(tp.partition)
         log.info("kafka.revoked", partitions=sorted(tp.partition for tp in revoked))
 
     # -- loops -------------------------------------------------------------------------------
@@ -282,44 +285,55 @@ class KafkaEventSource:
         active = pending = 0
         now = time.monotonic()
         wall = time.time()
-        commit_age = oldest_age = effect_age = 0.0
+        effect_age = 0.0
+        m = self.metrics
         for tp, w in list(self._workers.items()):
             p = w.processor
             if p is None:
                 continue
+            part = str(tp.partition)
             active += len(p.state)
             pending += p.pending_effects
             hw = self.consumer.highwater(tp)
             if hw is not None:
-                self.metrics.consumer_lag.labels(str(tp.partition)).set(max(0, hw - p.next_offset))
+                m.consumer_lag.labels(part).set(max(0, hw - p.next_offset))
             oldest = p.state.oldest()
-            if oldest is not None:
-                oldest_age = max(oldest_age, wall - oldest.opened_at_unix)
+            m.oldest_conversation_age.labels(part).set(max(0.0, wall - oldest.opened_at_unix) if oldest else 0.0)
             effect_age = max(effect_age, p.oldest_pending_age(now))
             cp = p.commit_point()
             if cp is not None and cp != w.last_commit:
                 offsets[tp] = OffsetAndMetadata(cp.offset, cp.metadata)
-                if w.last_commit is None or cp.offset != w.last_commit.offset:
-                    w.last_commit_changed_at = now
                 w.last_commit = cp
-            if cp is not None and cp.offset < p.next_offset:
-                commit_age = max(commit_age, now - w.last_commit_changed_at)
-        m = self.metrics
         m.conversations_active.set(active)
         m.state_bytes.set(self.budget.used_bytes)
         m.effects_pending.set(pending)
-        m.commit_age.set(commit_age)
-        m.oldest_conversation_age.set(oldest_age)
         m.oldest_effect_age.set(effect_age)
         if offsets:
             await self._commit(offsets)
+        self._set_commit_ages()
+
+    def _set_commit_ages(self) -> None:
+        """Per owned partition, how long it has held records past its committed offset (after this
+        round's commit, so a commit that just succeeded shows as 0)."""
+        now = time.monotonic()
+        for tp, w in list(self._workers.items()):
+            p = w.processor
+            if p is None:
+                continue
+            # During replay there is no commit point and nothing new to commit.
+            uncommitted = not p.replaying and (w.committed_offset is None or w.committed_offset < p.next_offset)
+            if not uncommitted:
+                w.uncommitted_since = now
+            self.metrics.commit_age.labels(str(tp.partition)).set(max(0.0, now - w.uncommitted_since))
 
     async def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         try:
             await self.consumer.commit(offsets)
         except KafkaError as exc:
             # A commit lost to a rebalance is harmless: the next owner starts from the previous
-            # commit and the journal keeps effects from repeating.
+            # commit and the journal keeps effects from repeating. Repeated failures are not: the
+            # commit age keeps growing (see PartitionWorker.uncommitted_since) and the counter
+            # feeds SidecarCommitsFailing.
             self.metrics.commits.labels("failed").inc()
             log.warning("kafka.commit_failed", error=type(exc).__name__)
             for tp in offsets:
@@ -328,3 +342,9 @@ class KafkaEventSource:
                     w.last_commit = None
         else:
             self.metrics.commits.labels("ok").inc()
+            now = time.monotonic()
+            for tp, om in offsets.items():
+                w = self._workers.get(tp)
+                if w is not None and om.offset != w.committed_offset:
+                    w.committed_offset = om.offset
+                    w.uncommitted_since = now

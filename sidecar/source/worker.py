@@ -99,8 +99,14 @@ class PartitionWorker:
         self.queued_bytes = 0
         self.processor: PartitionProcessor | None = None
         self.task: asyncio.Task[None] | None = None
+        # The commit point last sent to Kafka (None again after a failure, so it is re-sent).
         self.last_commit: CommitPoint | None = None
-        self.last_commit_changed_at = time.monotonic()
+        # The offset Kafka last accepted for this partition (None until a commit succeeds), and
+        # since when (monotonic) the partition has held records past it. Only a successful commit
+        # that moves the offset, or having nothing uncommitted, restarts that clock: a failed
+        # commit leaves it running, so repeated failures show as a growing commit age.
+        self.committed_offset: int | None = None
+        self.uncommitted_since = time.monotonic()
         self.paused = False
         # The offset after the last record handed to this worker: where fetching must resume if
         # the client loses records it had already parsed (see KafkaEventSource._isolate_unreadable).
@@ -162,6 +168,7 @@ class PartitionWorker:
                 budget=src.budget,
                 stage=src.stage,
             )
+            self.uncommitted_since = time.monotonic()  # the time spent recovering is not a stalled commit
             sweep = src.state_cfg.sweep_interval_seconds
             next_tick = time.monotonic() + sweep
             while True:

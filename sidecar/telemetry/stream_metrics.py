@@ -70,12 +70,16 @@ class StreamMetrics:
         )
         self.commit_age = Gauge(
             "sidecar_commit_age_seconds",
-            "Longest time a partition with uncommitted records has kept the same committed offset.",
+            "Per owned partition: seconds it has held records past its committed offset without a successful "
+            "commit moving that offset (0 when nothing is uncommitted); a failed commit does not reset it.",
+            ["partition"],
             registry=registry,
         )
         self.oldest_conversation_age = Gauge(
             "sidecar_oldest_conversation_age_seconds",
-            "Age of the oldest open conversation (from its first record's Kafka timestamp).",
+            "Per owned partition: age of its oldest open conversation (from its first record's Kafka "
+            "timestamp), 0 with none open.",
+            ["partition"],
             registry=registry,
         )
         self.oldest_effect_age = Gauge(
@@ -152,13 +156,18 @@ class StreamMetrics:
         )
         self.commits = Counter(
             "sidecar_commits_total",
-            "Offset commits, by result (ok, failed).",
+            "Offset commit requests, by result (ok, failed).",
             ["result"],
             registry=registry,
         )
+        # Both series exist from the start: a counter born at its first failure, already at 1, is
+        # invisible to increase(), and the failing-commits alert would miss it.
+        for result in ("ok", "failed"):
+            self.commits.labels(result)
         self.consumer_lag = Gauge(
             "sidecar_consumer_lag_records",
-            "High watermark minus the committed position, per partition.",
+            "Per owned partition: the high-water mark minus the offset of the next record to process "
+            "(records fetched but not yet processed count as lag; the committed offset may trail further).",
             ["partition"],
             registry=registry,
         )
@@ -182,6 +191,16 @@ class StreamMetrics:
             "Transient Kafka errors while loading a partition's recovery plan (retried).",
             registry=registry,
         )
+
+    # The families with a ``partition`` label: every one of them loses its series when the
+    # partition is given up, so a rebalance leaves no stale value behind on the old owner.
+    PER_PARTITION = ("consumer_lag", "commit_age", "oldest_conversation_age")
+
+    def forget_partition(self, partition: int) -> None:
+        """Remove every per-partition series of ``partition`` (revoked or released); idempotent."""
+        for name in self.PER_PARTITION:
+            family: Gauge = getattr(self, name)
+            family.remove(str(partition))  # a no-op for a series never set
 
 
 class StreamMetricsCache:

@@ -42,8 +42,8 @@ def kubernetes_files() -> dict[Path, str]:
     for chunk in _SOURCE.split(text):
         body = chunk.strip("\n")
         doc = yaml.safe_load(body) if body else None
-        if not doc:
-            continue
+        if not doc or "helm.sh/hook" in (doc["metadata"].get("annotations") or {}):
+            continue  # hooks (the `helm test` pod) are Helm's, not part of the plain manifests
         name = f"{doc['kind'].lower()}.yaml"
         if KUBERNETES_DIR / name in out:
             name = f"{doc['kind'].lower()}-{doc['metadata']['name']}.yaml"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -155,7 +156,9 @@ def test_defaults_probes_security_and_service(helm: str) -> None:
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     assert pdb["spec"]["selector"]["matchLabels"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
-    assert {d["kind"] for d in docs} == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget"}
+    assert {d["kind"] for d in docs} == {
+        "ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "Pod",  # Pod: helm test
+    }  # fmt: skip
 
 
 def test_http_port_follows_the_config(helm: str) -> None:
@@ -235,6 +238,50 @@ def test_keda_caps_replicas_at_the_partition_count(helm: str) -> None:
     assert "replicas" not in one(docs, "Deployment")["spec"], "KEDA owns the replica count"
 
 
+def test_readme_helm_template_command_works_and_its_warning_is_true(helm: str) -> None:
+    """The README's plain `helm template` renders; without --kube-version, helm stops with the
+    message the README quotes (so the advice stays true when the chart or helm changes)."""
+    readme = (CHART / "README.md").read_text()
+    block = re.search(r"```bash\n(helm template [^`]*?)```", readme)
+    assert block, "the README shows no helm template command"
+    argv = shlex.split(block.group(1).replace("\\\n", " "))[1:]
+    argv = [str(CHART) if a == "helm/sidecar" else a for a in argv]
+    assert "--kube-version" in argv
+    assert "kind: Deployment" in run_helm(*argv).stdout
+    i = argv.index("--kube-version")
+    plain = run_helm(*argv[:i], *argv[i + 2 :], check=False)
+    assert plain.returncode != 0
+    quoted = re.search(r'stop with "([^"]+)"', readme.replace("\n", " "))
+    assert quoted and quoted.group(1) in plain.stderr, plain.stderr
+
+
+def test_keda_scales_down_slowly_and_falls_back_when_blind(helm: str) -> None:
+    """cooldownPeriod only acts when scaling to zero, which minReplicas >= 1 rules out: the scale
+    down is paced by the HPA's behaviour, and a fallback holds replicas while the lag is unreadable."""
+    spec = one(rendered(scenario("keda-cap")), "ScaledObject")["spec"]
+    assert "cooldownPeriod" not in spec
+    down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] == 600
+    assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
+    assert spec["fallback"] == {"failureThreshold": 3, "replicas": 4}
+    capped = one(
+        render(
+            set_values={
+                "autoscaling.keda.enabled": "true",
+                "autoscaling.keda.partitions": "2",
+                "autoscaling.keda.maxReplicas": "2",
+            }
+        ),
+        "ScaledObject",
+    )["spec"]
+    assert capped["fallback"]["replicas"] == 2  # never more than the partitions
+    off = one(
+        render(set_values={"autoscaling.keda.enabled": "true", "autoscaling.keda.fallback.enabled": "false"}),
+        "ScaledObject",
+    )["spec"]
+    assert "fallback" not in off
+
+
 def test_keda_reads_topic_and_group_from_the_sidecar_config(helm: str) -> None:
     meta = one(rendered(scenario("full")), "ScaledObject")["spec"]["triggers"][0]
     assert meta["authenticationRef"] == {"name": "kafka-sasl"}
@@ -277,7 +324,7 @@ def test_vllm_without_onboarding_keeps_adapters_read_only(helm: str) -> None:
                     "vllm.adapters.volume.persistentVolumeClaim.claimName": "adapters"}
     )  # fmt: skip
     c = one(docs, "Deployment", f"{RELEASE}-vllm")["spec"]["template"]["spec"]["containers"][0]
-    assert "env" not in c  # no runtime loading, no API key
+    assert [e["name"] for e in c["env"]] == ["HOME"]  # no runtime loading, no API key
     assert {"name": "adapters", "mountPath": "/adapters", "readOnly": True} in c["volumeMounts"]
 
 
@@ -359,3 +406,63 @@ def test_kube_version_floor(helm: str) -> None:
     proc = run_helm(*args, check=False)
     assert proc.returncode != 0
     assert ">=1.27.0-0" in proc.stderr
+
+
+def test_replicas_spread_over_nodes_and_zones_by_default(helm: str) -> None:
+    """Two default replicas must not land on one node when another has room."""
+    spec = one(rendered(scenario("default")), "Deployment")["spec"]
+    spread = spec["template"]["spec"]["topologySpreadConstraints"]
+    assert [(c["topologyKey"], c["whenUnsatisfiable"]) for c in spread] == [
+        ("kubernetes.io/hostname", "ScheduleAnyway"), ("topology.kubernetes.io/zone", "ScheduleAnyway"),
+    ]  # fmt: skip
+    assert all(c["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"] for c in spread)
+    own = [{"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"a": "b"}}}]  # fmt: skip
+    custom = one(render(set_values={"topologySpreadConstraints[0].maxSkew": "2",
+                                    "topologySpreadConstraints[0].topologyKey": "kubernetes.io/hostname",
+                                    "topologySpreadConstraints[0].whenUnsatisfiable": "DoNotSchedule",
+                                    "topologySpreadConstraints[0].labelSelector.matchLabels.a": "b"}),
+                 "Deployment")["spec"]["template"]["spec"]  # fmt: skip
+    assert custom["topologySpreadConstraints"] == own
+    off = one(render(set_values={"defaultTopologySpread": "false"}), "Deployment")["spec"]["template"]["spec"]
+    assert "topologySpreadConstraints" not in off
+
+
+def test_network_policies_are_optional_and_name_every_peer(helm: str) -> None:
+    assert not by_kind(rendered(scenario("default")), "NetworkPolicy")
+    docs = rendered(scenario("full"))
+    sidecar = one(docs, "NetworkPolicy", RELEASE)["spec"]
+    deployment = one(docs, "Deployment", RELEASE)
+    assert sidecar["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert sidecar["policyTypes"] == ["Ingress", "Egress"]
+    (scrape,) = sidecar["ingress"]
+    assert scrape["ports"] == [{"port": 9108, "protocol": "TCP"}]
+    tester = {"app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/component": "test"}
+    assert scrape["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+        {"podSelector": {"matchLabels": tester}},
+    ]
+    test_pod = one(docs, "Pod")["metadata"]["labels"]
+    assert scrape["from"][1]["podSelector"]["matchLabels"].items() <= test_pod.items()
+    egress = sidecar["egress"]
+    assert egress[0]["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    assert egress[1]["ports"] == [{"port": 9093, "protocol": "TCP"}]
+    vllm = one(docs, "Deployment", f"{RELEASE}-vllm")["spec"]["selector"]["matchLabels"]
+    assert egress[2]["to"] == [{"podSelector": {"matchLabels": vllm}}]
+    assert {p["port"] for p in egress[3]["ports"]} >= {8883, 443}
+    inbound = one(docs, "NetworkPolicy", f"{RELEASE}-vllm")["spec"]
+    assert inbound["podSelector"]["matchLabels"] == vllm and inbound["policyTypes"] == ["Ingress"]
+    own = deployment["spec"]["selector"]["matchLabels"]
+    assert {"podSelector": {"matchLabels": own}} in inbound["ingress"][0]["from"]
+
+
+def test_chart_metadata_and_changelog() -> None:
+    """Chart.yaml names where the chart comes from and who keeps it; the chart's version has its
+    CHANGELOG section, whose entries the artifacthub.io/changes annotation repeats in order."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["home"].startswith("https://") and chart["sources"] and chart["maintainers"]
+    changelog = (CHART / "CHANGELOG.md").read_text()
+    section = changelog.split(f"\n## {chart['version']}\n", 1)[1].split("\n## ", 1)[0]
+    entries = re.findall(r"^- (\w+): (.*?)(?=^- |\Z)", section, re.MULTILINE | re.DOTALL)
+    changes = yaml.safe_load(chart["annotations"]["artifacthub.io/changes"])
+    assert [c["kind"] for c in changes] == [kind for kind, _ in entries]

@@ -8,6 +8,7 @@ test_metric_names.py.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
 from tests.deploy.chart import CHART, render
 from tests.deploy.promql import metric_names
@@ -125,6 +127,47 @@ def test_datasource_is_a_variable(path: Path) -> None:
     ds = variables(path)["datasource"]
     assert ds["type"] == "datasource"
     assert ds["query"] == "prometheus"
+
+
+SCOPED = re.compile(r"(sidecar_\w+|process_\w+|vllm:\w+)(\{[^}]*\})?")
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_every_query_is_scoped_to_a_cluster_and_namespace(path: Path) -> None:
+    """Same-named releases in two namespaces (or clusters) must not merge on a panel."""
+    v = variables(path)
+    names = list(v)
+    assert names.index("cluster") < names.index("namespace") < names.index("job")
+    assert v["cluster"]["allValue"] == ".*", "All must match series without a cluster label"
+    assert 'cluster=~"$cluster"' in v["namespace"]["query"]
+    assert 'namespace=~"$namespace"' in v["job"]["query"]
+    exprs = [t["expr"] for p in panels(load(path)) for t in p["targets"]]
+    # every query but those of the two scope variables themselves
+    exprs += [q["query"] for q in v.values() if q["type"] == "query" and q["name"] not in ("cluster", "namespace")]
+    for expr in exprs:
+        for m in SCOPED.finditer(expr):
+            selector = m.group(2) or ""
+            assert 'cluster=~"$cluster"' in selector and 'namespace=~"$namespace"' in selector, m.group(0)
+
+
+ALERT_PARAM = re.compile(r"prometheusRule\.alerts\.(\w+)\.(\w+)")
+
+
+def test_alert_thresholds_are_drawn_at_the_default_values() -> None:
+    """A panel that names an alert's threshold parameter draws it as a line, at its default."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["alerts"]
+    drawn = []
+    for path in DASHBOARDS:
+        for p in panels(load(path)):
+            m = ALERT_PARAM.search(p["description"])
+            if not m:
+                continue
+            defaults = p["fieldConfig"]["defaults"]
+            assert defaults["custom"]["thresholdsStyle"]["mode"].startswith("line"), p["title"]
+            steps = defaults["thresholds"]["steps"]
+            assert steps[-1]["value"] == values[m.group(1)][m.group(2)], p["title"]
+            drawn.append(m.group(1))
+    assert {"SidecarCommitStalled", "SidecarScoringBacklog"} <= set(drawn)
 
 
 def test_fleet_overview_filters_by_agent_and_goal() -> None:

@@ -34,6 +34,9 @@ ALERT_SECONDS = 120.0
 GRAFANA_VARIABLES = {
     "$__rate_interval": "1m",
     "$__range": "5m",
+    # As Grafana sends "All": .* for cluster, so series without a cluster label still match.
+    "$cluster": ".*",
+    "$namespace": ".+",
     "$job": ".+",
     "$agent": ".+",
     "$goal": ".+",

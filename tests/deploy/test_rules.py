@@ -40,7 +40,7 @@ def alerts() -> list[dict[str, Any]]:
 
 
 def test_promtool_check_rules(promtool: str) -> None:
-    proc = promtool_run(promtool, "check", "rules", str(RULES))
+    proc = promtool_run(promtool, "check", "rules", "--lint-fatal", str(RULES))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"SUCCESS: {len(alerts())} rules found" in proc.stdout
 
@@ -50,7 +50,8 @@ def test_promtool_check_rules_of_each_scenario(promtool: str, helm: str, path: P
     groups = rule_groups(render([path]))
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump({"groups": groups}))
-    proc = promtool_run(promtool, "check", "rules", str(rules))
+    # --lint-fatal: promtool only warns about duplicate rules (same name and labels) otherwise.
+    proc = promtool_run(promtool, "check", "rules", "--lint-fatal", str(rules))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -74,7 +75,7 @@ def test_alerts_follow_the_conventions() -> None:
     names = [a["alert"] for a in alerts()]
     assert names == [
         "SidecarCompletionRateDropping", "SidecarUncertainTurnsSpike", "SidecarConsumerLagGrowing",
-        "SidecarCommitStalled", "SidecarDeadLetterRateHigh", "SidecarLlmErrorRateHigh",
+        "SidecarCommitStalled", "SidecarCommitsFailing", "SidecarDeadLetterRateHigh", "SidecarLlmErrorRateHigh",
         "SidecarLlmCircuitBreakerOpen", "SidecarScoringBacklog", "SidecarEscalationLatencyHigh",
         "SidecarAlertSinkDown", "SidecarAlertsRejected", "SidecarUncertainTurnRateAboveTarget",
     ]  # fmt: skip
