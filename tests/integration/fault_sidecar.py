@@ -21,11 +21,8 @@ from typing import Any  # noqa: E402
 
 from sidecar.app import run_forever  # noqa: E402
 from sidecar.config import load_config  # noqa: E402
-from sidecar.contract import (  # noqa: E402
-    Outcome,
-    RecordingHooks,
-    TurnContext,
-)
+from sidecar.contract import Outcome, TurnContext  # noqa: E402
+from sidecar.state.hooks import RecordingHooks  # noqa: E402
 
 
 class LateHooks(RecordingHooks):
