@@ -182,13 +182,19 @@ async def test_the_self_test_verdict_matches_what_a_mixed_batch_really_does(vllm
         assert mode[client.exact_mode] == 1.0
         prompt = [[5, 6, 7, 8, 9, 10]]
         (solo,) = await client.generate(vllm_server.base_model, prompt, max_tokens=1, top_logprobs=8)
+        # Whether requests sent together share a batch is up to the server's scheduler: on a loaded
+        # machine a round can run them one by one and show nothing. So: three rounds when the
+        # self-test said usable (none may be corrupted), and up to twenty when it said off, until
+        # one shows the corruption the self-test saw.
         corrupted = 0
-        for _ in range(3):
+        for _ in range(3 if usable else 20):
             mixed = await asyncio.gather(
                 *(client.generate(vllm_server.base_model, prompt, max_tokens=1, top_logprobs=8) for _ in range(4)),
                 *(client._raw_exact(vllm_server.base_model, prompt) for _ in range(4)),
             )
             corrupted += sum(set(m[0].top_logprobs[0]) != set(solo.top_logprobs[0]) for m in mixed[:4])
+            if corrupted and not usable:
+                break
         assert (corrupted == 0) == usable
     finally:
         await client.stop()
