@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,6 +37,12 @@ from sidecar.llm.breaker import CircuitBreaker
 from sidecar.llm.config import LlmEndpointConfig
 from sidecar.llm.errors import LlmRequestError, LlmUnavailable, classify
 from sidecar.retry import backoff_delay
+
+# The openai SDK looks `httpx2` up in sys.modules on every request. When another thread imports it
+# at that moment (the embedder loading its model does), the request sees a half-initialised module
+# and fails with AttributeError. Importing it here, before any request is made, closes that race.
+with contextlib.suppress(ImportError):
+    importlib.import_module("httpx2")
 
 T = TypeVar("T")
 
