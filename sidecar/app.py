@@ -23,6 +23,9 @@ from sidecar.alerting.metrics import AlertMetrics
 from sidecar.config import SidecarConfig
 from sidecar.contract import ConversationHooks
 from sidecar.lifecycle import Component, HealthReporter, stop_requested_early
+from sidecar.source.capabilities import check as check_capabilities
+from sidecar.source.capabilities import export as export_capabilities
+from sidecar.source.capabilities import probe_broker
 from sidecar.source.kafka import KafkaEventSource
 from sidecar.stage.pipeline import OutcomeSink, PostScoreStage
 from sidecar.state.hooks import CompositeHooks, RecordingHooks
@@ -147,6 +150,11 @@ async def run_app(
     registry = registry or CollectorRegistry()
     ProcessCollector(registry=registry)  # process_resident_memory_bytes & co., for the memory bound
     metrics = StreamMetrics(registry)
+    # Before anything is built or served: brokers that cannot give the configured guarantee stop
+    # the process here, with one line saying what is missing and which setting accepts less.
+    found = await probe_broker(config.kafka)
+    check_capabilities(found)
+    export_capabilities(found, metrics)
     lag = LoopLagMonitor(registry)
     assembly = build_hooks(config, registry)
     if hooks is not None:
@@ -159,7 +167,7 @@ async def run_app(
         assembly.components.extend(doors.components)
         assembly.health.extend(doors.health)
     stage = PostScoreStage(assembly.sinks, on_sink_error=lambda name: metrics.sink_errors.labels(name).inc())
-    source = KafkaEventSource(config.kafka, config.state, assembly.hooks, metrics, stage)
+    source = KafkaEventSource(config.kafka, config.state, assembly.hooks, metrics, stage, capabilities=found)
     stop = stop or asyncio.Event()
     # A fatal task (the source, the loop-lag probe) raising stops the app like a SIGTERM would;
     # running() raises its exception once the shutdown below is done.

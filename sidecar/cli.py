@@ -7,11 +7,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sidecar.errors import ConfigError
+from sidecar.errors import BrokerError, ConfigError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_BROKER = 3  # the brokers cannot give the configured guarantee, or none answered
 
 
 def _add_config_arg(p: argparse.ArgumentParser) -> None:
@@ -60,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokerError as exc:
+        print(f"sidecar: {exc}", file=sys.stderr)
+        return EXIT_BROKER
     except KeyboardInterrupt:
         return 130
 

@@ -15,6 +15,18 @@ class ConfigError(SidecarError):
     """The configuration is invalid; the process should refuse to start."""
 
 
+class BrokerError(SidecarError):
+    """The Kafka brokers cannot be used as configured; the process should refuse to start."""
+
+
+class BrokerCapabilityError(BrokerError):
+    """The brokers lack what ``kafka.processing_guarantee`` needs (see sidecar.source.capabilities)."""
+
+
+class BrokerUnreachableError(BrokerError):
+    """No broker answered at start-up within the request timeout."""
+
+
 class RetryableError(SidecarError):
     """A transient failure (timeout, connection refused, 5xx, overload): retry with backoff."""
 

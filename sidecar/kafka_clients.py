@@ -3,7 +3,9 @@
 Every aiokafka consumer and producer (the source consumer and its recovery readers, the results and
 dead-letter producer, the alert Kafka sink, the ``adapters`` Kafka reader, the offline tools) gets
 its brokers, client id, timeouts, TLS and SASL from here and adds only its own role's settings
-(acks, idempotence, offsets). A structural test keeps connection keywords out of other modules.
+(offsets, batching). Producers of the sidecar's own records also take their durability settings
+(acks, idempotence: the processing guarantee) from here. A structural test keeps connection and
+idempotence keywords out of other modules.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ def client_kwargs(cfg: KafkaConfig, *, client_id: str | None = None) -> dict[str
         kw["sasl_plain_username"] = cfg.sasl_username
         kw["sasl_plain_password"] = cfg.sasl_password.get_secret_value()
     return kw
+
+
+def durable_producer_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
+    """What every producer of the sidecar's own records (results, dead letters, alerts, derived
+    events) adds: ``acks=all``, and Kafka's idempotent producer under
+    ``kafka.processing_guarantee: exactly_once``, so a retried batch is never written twice. Under
+    ``at_least_once`` (brokers without ``InitProducerId``) it is a plain ``acks=all`` producer."""
+    return {"acks": "all", "enable_idempotence": cfg.processing_guarantee == "exactly_once"}
 
 
 def plaintext_client_kwargs(bootstrap_servers: str, *, client_id: str | None = None) -> dict[str, Any]:

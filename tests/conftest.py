@@ -8,7 +8,12 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-pytest_plugins: list[str] = ["tests.support.vllm_server", "tests.support.bundled_vllm", "tests.support.corpora"]
+pytest_plugins: list[str] = [
+    "tests.support.vllm_server",
+    "tests.support.bundled_vllm",
+    "tests.support.corpora",
+    "tests.support.tansu",
+]
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
-"""Producing derived events: ``acks=all``, idempotent, and a batch counts only once every record of
-it is acknowledged (the doors answer or commit only then)."""
+"""Producing derived events: ``acks=all``, idempotent under ``exactly_once``, and a batch counts
+only once every record of it is acknowledged (the doors answer or commit only then)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,14 @@ class KafkaConfig(BaseModel):
         max_length=249,
         description="One record per hook outcome; also the exactly-once journal read back on restart.",
     )
+    processing_guarantee: Literal["exactly_once", "at_least_once"] = Field(
+        "exactly_once",
+        description="exactly_once: every hook outcome is written to the results topic once (idempotent "
+        "producer); the sidecar refuses to start when the brokers cannot give it. at_least_once: for "
+        "Kafka-compatible brokers without an idempotent producer; results and dead-letter records can "
+        "then be written twice after a producer retry, while hook effects and alerts still happen once "
+        "(docs/guarantees.md).",
+    )
     auto_offset_reset: Literal["earliest", "latest"] = Field(
         "earliest", description="Where a partition with no committed offset starts."
     )

@@ -21,7 +21,7 @@ import asyncio
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from sidecar.contract import HookKind
 from sidecar.source.journal_entry import entry_from_mapping
@@ -161,6 +161,10 @@ class Recovery:
     last_position: int = -1
     # Conversations that started in [finished_from, start_offset): all finished before the commit.
     finished: list[tuple[str, int]] = field(default_factory=list)
+    # What loading the plan cost and rested on (metrics and logs only): results records read, and
+    # whether the committed offset carried the sidecar's metadata ("none": nothing committed).
+    journal_records_read: int = 0
+    commit_metadata: Literal["present", "missing", "none"] = "none"
 
     def add(self, entry: ResultRecord) -> None:
         """Fold one validated journal entry of this partition into the plan."""

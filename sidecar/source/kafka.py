@@ -22,6 +22,7 @@ from aiokafka.structs import OffsetAndMetadata
 from sidecar.contract import ConversationHooks
 from sidecar.kafka_clients import client_kwargs
 from sidecar.lifecycle import Health
+from sidecar.source.capabilities import BrokerCapabilities
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.recovery import JournalReader
@@ -63,8 +64,13 @@ class KafkaEventSource:
         hooks: ConversationHooks,
         metrics: StreamMetrics,
         stage: PostScoreStage | None = None,
+        *,
+        capabilities: BrokerCapabilities | None = None,
     ) -> None:
         self.cfg = cfg
+        # What the start-up probe found (None when the source is built without one, in tests):
+        # anything short of the full guarantee is named in /readyz.
+        self.capabilities = capabilities
         self.state_cfg = state_cfg
         self.hooks = hooks
         self.metrics = metrics
@@ -161,6 +167,10 @@ class KafkaEventSource:
             detail += " standby"
         if not writing:
             detail += f" results={write_detail}"
+        if self.cfg.processing_guarantee != "exactly_once":
+            detail += f" guarantee={self.cfg.processing_guarantee}"
+        if self.capabilities is not None and self.capabilities.summary():
+            detail += " " + self.capabilities.summary()
         return Health("kafka", ready, detail)
 
     def count_journal_skip(self, reason: str) -> None:

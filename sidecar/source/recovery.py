@@ -4,6 +4,7 @@ the source itself for the memory of finished conversations."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 import structlog
@@ -110,6 +111,7 @@ async def load_recovery(  # noqa: PLR0917 - the worker passes its collaborators 
     Journal records are untrusted input: each is validated (and its signature checked when keys
     are configured); one that fails is counted through ``on_skip(reason)`` and ignored.
     """
+    began = time.monotonic()
     committed = await consumer._coordinator.fetch_committed_offsets([tp])
     om = committed.get(tp)
     jpart = tp.partition % journal_partitions
@@ -129,8 +131,11 @@ async def load_recovery(  # noqa: PLR0917 - the worker passes its collaborators 
         replay_until, journal_from = start, await reader.beginning(jpart)
     journal_end = await reader.journal_end(jpart)
     plan = Recovery(start, max(replay_until, start), journal_from, journal_end)
+    if om is not None and om.offset >= 0:
+        plan.commit_metadata = "present" if meta is not None else "missing"
     read = 0
     async for rec in reader.records(cfg.results_topic, jpart, journal_from, journal_end):
+        plan.journal_records_read += 1
         entry, reason = read_entry(rec.value, signer)
         if entry is None:
             on_skip(reason or "invalid")
@@ -149,6 +154,16 @@ async def load_recovery(  # noqa: PLR0917 - the worker passes its collaborators 
         journal_records=read,
         finished_scanned=len(plan.finished),
     )
+    if plan.commit_metadata == "missing":
+        # Correct (the whole journal partition stands in for the metadata), but its cost grows with
+        # the results topic's retention: say what it was, every time.
+        log.warning(
+            "recovery.without_commit_metadata",
+            partition=tp.partition,
+            committed_offset=start,
+            journal_records_read=plan.journal_records_read,
+            seconds=round(time.monotonic() - began, 3),
+        )
     return plan.seal()
 
 

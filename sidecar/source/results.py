@@ -5,7 +5,7 @@ builder and submitting the builder once (``send_batch``) costs a fraction of tha
 appends the record to the open batch of its results partition and returns a future of its offset;
 the batch is submitted when it is full or at the next turn of the event loop, i.e. after the
 worker has gone through the records it had at hand. Same records, same format, same order, same
-idempotent producer (``acks=all``).
+idempotent producer (``acks=all``; idempotent under ``kafka.processing_guarantee: exactly_once``).
 
 A batch that fails is not resent as a batch: each of its records goes through the resend loop on
 its own (capped, jittered backoff until acknowledged; see :func:`send_until_acked`), so a record

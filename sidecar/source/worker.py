@@ -153,8 +153,14 @@ class PartitionWorker:
     async def run(self) -> None:
         src = self._services
         with structlog.contextvars.bound_contextvars(partition=self.tp.partition):
+            began = time.monotonic()
             recovery = await self._recover()
-            src.metrics.recoveries.inc()
+            m = src.metrics
+            m.recoveries.inc()
+            m.recovery_seconds.observe(time.monotonic() - began)
+            m.recovery_journal_records.inc(recovery.journal_records_read)
+            if recovery.commit_metadata == "missing":
+                m.recoveries_without_metadata.inc()
             self.processor = PartitionProcessor(
                 partition=self.tp.partition,
                 state_config=src.state_cfg,

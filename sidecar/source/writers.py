@@ -11,7 +11,7 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
-from sidecar.kafka_clients import client_kwargs
+from sidecar.kafka_clients import client_kwargs, durable_producer_kwargs
 from sidecar.retry import until_accepted
 from sidecar.source.config import KafkaConfig
 from sidecar.source.journal import SourceRecord
@@ -65,10 +65,10 @@ RESULT_BATCH_BYTES = 256 * 1024
 
 
 def make_producer(cfg: KafkaConfig) -> AIOKafkaProducer:
+    """The results, dead-letter and OTel-door producer."""
     return AIOKafkaProducer(
         **client_kwargs(cfg),
-        acks="all",
-        enable_idempotence=True,
+        **durable_producer_kwargs(cfg),
         linger_ms=5,
         max_batch_size=RESULT_BATCH_BYTES,
         max_request_size=max(cfg.max_record_bytes + 65_536, 1_048_576),

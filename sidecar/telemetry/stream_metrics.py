@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sidecar.telemetry.hot import CounterChild, HistogramChild, HotCounter, HotHistogram
 
@@ -30,6 +30,9 @@ LATENCY_BUCKETS = (
     5.0,
     10.0,
 )
+
+# From a journal that fits in memory at once to one read in full under retries.
+RECOVERY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class StreamMetrics:
@@ -189,6 +192,37 @@ class StreamMetrics:
         self.recovery_errors = Counter(
             "sidecar_partition_recovery_errors_total",
             "Transient Kafka errors while loading a partition's recovery plan (retried).",
+            registry=registry,
+        )
+        self.recovery_seconds = Histogram(
+            "sidecar_partition_recovery_seconds",
+            "Time to load an assigned partition's recovery plan (committed offset, journal, finished "
+            "conversations), retries included; the partition replays and then consumes after it.",
+            buckets=RECOVERY_BUCKETS,
+            registry=registry,
+        )
+        self.recovery_journal_records = Counter(
+            "sidecar_partition_recovery_journal_records_total",
+            "Results records read back from the journal while loading recovery plans.",
+            registry=registry,
+        )
+        self.recoveries_without_metadata = Counter(
+            "sidecar_partition_recoveries_without_metadata_total",
+            "Recoveries from a committed offset without the sidecar's commit metadata (brokers that drop "
+            "it, or a commit made by another tool): the journal partition was read from its beginning.",
+            registry=registry,
+        )
+        self.kafka_capability = Gauge(
+            "sidecar_kafka_capability",
+            "What the brokers answered at start-up, one series per capability and state (present, missing, "
+            "unknown); 1 marks the state found.",
+            ["capability", "state"],
+            registry=registry,
+        )
+        self.processing_guarantee = Gauge(
+            "sidecar_processing_guarantee",
+            "1 for the processing guarantee the sidecar runs with (kafka.processing_guarantee).",
+            ["guarantee"],
             registry=registry,
         )
 

@@ -25,6 +25,13 @@ CONNECTION_KEYWORDS = {
 }
 
 
+# A producer of the sidecar's own records takes acks and idempotence from durable_producer_kwargs
+# (the processing guarantee); only the broker probe asks for idempotence whatever the guarantee,
+# since finding out whether the brokers can give it is its job.
+DURABILITY_KEYWORDS = {"enable_idempotence"}
+PROBE = ROOT / "sidecar" / "source" / "capabilities.py"
+
+
 def _name(func: ast.expr) -> str:
     if isinstance(func, ast.Attribute):
         return func.attr
@@ -48,6 +55,9 @@ def offenders(paths: list[Path], root: Path = ROOT) -> list[str]:
                 own = sorted(k.arg for k in node.keywords if k.arg in CONNECTION_KEYWORDS)
                 if own:
                     found.append(f"{where}: {name} with its own {', '.join(own)}")
+                durability = sorted(k.arg for k in node.keywords if k.arg in DURABILITY_KEYWORDS)
+                if durability and path != PROBE:
+                    found.append(f"{where}: {name} with its own {', '.join(durability)}")
     return found
 
 
@@ -61,9 +71,12 @@ def test_the_check_sees_a_client_with_its_own_brokers(tmp_path: Path) -> None:
     bad.write_text(
         "from aiokafka import AIOKafkaProducer\np = AIOKafkaProducer(bootstrap_servers='h:9092', acks='all')\n"
     )
+    eager = tmp_path / "eager.py"
+    eager.write_text("from aiokafka import AIOKafkaProducer\np = AIOKafkaProducer(**kw, enable_idempotence=True)\n")
     sneaky = tmp_path / "sneaky.py"
     sneaky.write_text("import aiokafka.helpers as h\nctx = h.create_ssl_context(cafile='ca.pem')\n")
-    assert offenders([bad, sneaky], root=tmp_path) == [
+    assert offenders([bad, eager, sneaky], root=tmp_path) == [
         "bad.py:2: AIOKafkaProducer with its own bootstrap_servers",
+        "eager.py:2: AIOKafkaProducer with its own enable_idempotence",
         "sneaky.py:2: builds its own TLS context",
     ]

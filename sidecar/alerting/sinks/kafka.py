@@ -1,9 +1,10 @@
 """Alerts to a Kafka topic, on the sidecar's own Kafka connection settings (``kafka.*``).
 
-The producer is idempotent with ``acks=all``: :meth:`KafkaAlertSink.send` returns once every
-in-sync replica has the record. Records are keyed by conversation id (one conversation's alerts
-stay in order on one partition); the value is the alert JSON, and headers repeat the alert id,
-kind and schema so consumers can route or dedupe without parsing the value.
+The producer uses ``acks=all`` (and is idempotent under ``kafka.processing_guarantee:
+exactly_once``): :meth:`KafkaAlertSink.send` returns once every in-sync replica has the record.
+Records are keyed by conversation id (one conversation's alerts stay in order on one partition);
+the value is the alert JSON, and headers repeat the alert id, kind and schema so consumers can
+route or dedupe without parsing the value.
 
 The producer connects in a background task (``start()`` never waits for the brokers), retrying
 with capped backoff until the cluster answers; ``send`` waits for it within ``timeout_seconds``.
@@ -22,7 +23,7 @@ from sidecar.alerting.alert import Alert
 from sidecar.alerting.config import KafkaAlertSinkConfig, RetryConfig
 from sidecar.alerting.sinks._common import DestinationHealth, dump_json, wire_payload
 from sidecar.alerting.sinks.base import AlertDeliveryError, AlertRejected
-from sidecar.kafka_clients import client_kwargs
+from sidecar.kafka_clients import client_kwargs, durable_producer_kwargs
 from sidecar.lifecycle import Health
 from sidecar.retry import Backoff
 from sidecar.source.config import KafkaConfig
@@ -34,9 +35,10 @@ ProducerFactory = Callable[[], AIOKafkaProducer]
 
 
 def make_alert_producer(kafka: KafkaConfig) -> AIOKafkaProducer:
-    """An idempotent ``acks=all`` producer with the sidecar's connection, TLS and SASL settings."""
+    """An ``acks=all`` producer (idempotent under ``exactly_once``) with the sidecar's connection,
+    TLS and SASL settings."""
     kw = client_kwargs(kafka, client_id=f"{kafka.client_id}-alerts")
-    return AIOKafkaProducer(**kw, acks="all", enable_idempotence=True)
+    return AIOKafkaProducer(**kw, **durable_producer_kwargs(kafka))
 
 
 class KafkaAlertSink:
