@@ -22,6 +22,7 @@ from sidecar.alerting.escalation import Escalations
 from sidecar.alerting.metrics import AlertMetrics
 from sidecar.config import SidecarConfig
 from sidecar.contract import ConversationHooks
+from sidecar.fleet.leadership import Leadership
 from sidecar.lifecycle import Component, HealthReporter, stop_requested_early
 from sidecar.source.capabilities import check as check_capabilities
 from sidecar.source.capabilities import export as export_capabilities
@@ -155,6 +156,8 @@ async def run_app(
     found = await probe_broker(config.kafka)
     check_capabilities(found)
     export_capabilities(found, metrics)
+    # Which replica runs the jobs that must run once: the owner of source partition 0.
+    leadership = Leadership(registry)
     lag = LoopLagMonitor(registry)
     assembly = build_hooks(config, registry)
     if hooks is not None:
@@ -167,7 +170,9 @@ async def run_app(
         assembly.components.extend(doors.components)
         assembly.health.extend(doors.health)
     stage = PostScoreStage(assembly.sinks, on_sink_error=lambda name: metrics.sink_errors.labels(name).inc())
-    source = KafkaEventSource(config.kafka, config.state, assembly.hooks, metrics, stage, capabilities=found)
+    source = KafkaEventSource(
+        config.kafka, config.state, assembly.hooks, metrics, stage, capabilities=found, leadership=leadership
+    )
     stop = stop or asyncio.Event()
     # A fatal task (the source, the loop-lag probe) raising stops the app like a SIGTERM would;
     # running() raises its exception once the shutdown below is done.
@@ -175,7 +180,7 @@ async def run_app(
     http = HttpServer(
         config.http,
         registry,
-        [source, *assembly.health, supervisor],
+        [source, *assembly.health, leadership, supervisor],
         assembly.json_routes,
         page_routes=assembly.page_routes,
     )

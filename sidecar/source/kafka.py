@@ -20,6 +20,7 @@ from aiokafka.errors import CorruptRecordException, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.contract import ConversationHooks
+from sidecar.fleet.leadership import Leadership
 from sidecar.kafka_clients import client_kwargs
 from sidecar.lifecycle import Health
 from sidecar.source.capabilities import BrokerCapabilities
@@ -41,6 +42,17 @@ POLL_TIMEOUT_MS = 200
 # from getmany() with no record attached; these are the exceptions that mean "a record", not "the
 # broker", and send the fetch loop into _isolate_unreadable.
 UNREADABLE_ERRORS = (UnicodeDecodeError, CorruptRecordException)
+
+
+def group_term(consumer: AIOKafkaConsumer) -> tuple[int, str]:
+    """The group generation and member id of the consumer's current assignment.
+
+    aiokafka keeps them on its coordinator only (no public accessor); both are set before the
+    assignment callback runs. -1 / "" outside a group."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    generation = getattr(coordinator, "generation", -1)
+    member_id = getattr(coordinator, "member_id", "")
+    return int(generation if isinstance(generation, int) else -1), str(member_id or "")
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -66,11 +78,14 @@ class KafkaEventSource:
         stage: PostScoreStage | None = None,
         *,
         capabilities: BrokerCapabilities | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self.cfg = cfg
         # What the start-up probe found (None when the source is built without one, in tests):
         # anything short of the full guarantee is named in /readyz.
         self.capabilities = capabilities
+        # Told of every assignment and revoke: the owner of partition 0 is the fleet's leader.
+        self.leadership = leadership
         self.state_cfg = state_cfg
         self.hooks = hooks
         self.metrics = metrics
@@ -188,10 +203,15 @@ class KafkaEventSource:
                 w.task = self._tg.create_task(w.run(), name=f"partition-{tp.partition}")
         self.metrics.partitions_assigned.set(len(self._workers))
         log.info("kafka.assigned", partitions=sorted(tp.partition for tp in assigned))
+        if self.leadership is not None:
+            generation, member_id = group_term(self.consumer)
+            self.leadership.assigned({tp.partition for tp in self._workers}, generation, member_id)
 
     async def revoke(self, revoked: list[TopicPartition]) -> None:
         """Give partitions up: stop their workers, then release them together (one grace period,
         not one per partition), then commit what their releases allow."""
+        if self.leadership is not None and revoked:
+            self.leadership.revoked()  # a rebalance began: no jobs that must run once until it ends
         workers = [w for tp in revoked if (w := self._workers.pop(tp, None)) is not None]
         for w in workers:
             if w.task is not None:
