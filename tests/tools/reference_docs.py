@@ -35,6 +35,8 @@ METRIC_CLASSES = [
     "sidecar.training_store.sink:TrainingStoreMetrics",
     "sidecar.evaluations.metrics:EvaluationMetrics",
     "sidecar.otel.metrics:OtelMetrics",
+    "sidecar.fleet.leadership:Leadership",
+    "sidecar.fleet.table:TableMetrics",
 ]
 
 
