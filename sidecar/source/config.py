@@ -89,7 +89,8 @@ class KafkaConfig(BaseModel):
         gt=0,
         le=600,
         description="On revoke or shutdown, how long to wait for journal writes already sent to be "
-        "acknowledged before the partition is given up.",
+        "acknowledged before the partition is given up, and then for its final offset commit (a commit "
+        "not answered by then is dropped: the next owner starts from the previous one).",
     )
     commit_interval_seconds: float = Field(1.0, gt=0, le=300, description="How often offsets are committed.")
     session_timeout_ms: int = Field(

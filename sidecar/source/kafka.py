@@ -144,13 +144,18 @@ class KafkaEventSource:
 
     async def run(self) -> None:
         """Fetch, process and commit until cancelled."""
-        async with asyncio.TaskGroup() as tg:
-            self._tg = tg
-            for w in self._workers.values():
-                if w.task is None:
-                    w.task = tg.create_task(w.run(), name=f"partition-{w.tp.partition}")
-            tg.create_task(self._commit_loop(), name="commit-loop")
-            tg.create_task(self._fetch_loop(), name="fetch-loop")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                for w in self._workers.values():
+                    if w.task is None:
+                        w.task = tg.create_task(w.run(), name=f"partition-{w.tp.partition}")
+                tg.create_task(self._commit_loop(), name="commit-loop")
+                tg.create_task(self._fetch_loop(), name="fetch-loop")
+        finally:
+            # An assignment that arrives while the source shuts down (the consumer still answers
+            # the group until stop()) must not create tasks in a finished group.
+            self._tg = None
 
     async def stop(self) -> None:
         """Commit what is safe, leave the group, close clients. Idempotent, safe without start()."""
@@ -212,6 +217,7 @@ class KafkaEventSource:
         not one per partition), then commit what their releases allow."""
         if self.leadership is not None and revoked:
             self.leadership.revoked()  # a rebalance began: no jobs that must run once until it ends
+        began = time.monotonic()
         workers = [w for tp in revoked if (w := self._workers.pop(tp, None)) is not None]
         for w in workers:
             if w.task is not None:
@@ -233,11 +239,15 @@ class KafkaEventSource:
         }
         self.metrics.partitions_assigned.set(len(self._workers))
         if offsets:
-            await self._commit(offsets)
+            await self._commit(offsets, self.cfg.revoke_flush_timeout_seconds)
         for tp in revoked:
             if tp not in self._workers:  # re-assigned meanwhile: its series belong to it again
                 self.metrics.forget_partition(tp.partition)
-        log.info("kafka.revoked", partitions=sorted(tp.partition for tp in revoked))
+        log.info(
+            "kafka.revoked",
+            partitions=sorted(tp.partition for tp in revoked),
+            seconds=round(time.monotonic() - began, 3),
+        )
 
     # -- loops -------------------------------------------------------------------------------
 
@@ -339,7 +349,7 @@ class KafkaEventSource:
         m.effects_pending.set(pending)
         m.oldest_effect_age.set(effect_age)
         if offsets:
-            await self._commit(offsets)
+            await self._commit(offsets, self.cfg.request_timeout_ms / 1000)
         self._set_commit_ages()
 
     def _set_commit_ages(self) -> None:
@@ -356,10 +366,13 @@ class KafkaEventSource:
                 w.uncommitted_since = now
             self.metrics.commit_age.labels(str(tp.partition)).set(max(0.0, now - w.uncommitted_since))
 
-    async def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+    async def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata], timeout_seconds: float) -> None:
         try:
-            await self.consumer.commit(offsets)
-        except KafkaError as exc:
+            # aiokafka retries a retriable commit error without end; bounded here, since a commit
+            # that hangs in a revoke would hold the whole rebalance (and every partition) with it.
+            async with asyncio.timeout(timeout_seconds):
+                await self.consumer.commit(offsets)
+        except (KafkaError, TimeoutError) as exc:
             # A commit lost to a rebalance is harmless: the next owner starts from the previous
             # commit and the journal keeps effects from repeating. Repeated failures are not: the
             # commit age keeps growing (see PartitionWorker.uncommitted_since) and the counter

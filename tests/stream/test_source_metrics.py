@@ -192,3 +192,41 @@ async def test_commit_counters_exist_before_the_first_commit(harness: Harness) -
         r: harness.registry.get_sample_value("sidecar_commits_total", {"result": r}) for r in ("ok", "failed")
     }
     assert values == {"ok": 0.0, "failed": 0.0}
+
+
+async def test_a_commit_that_never_answers_does_not_hold_the_revoke(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka retries a retriable commit error without end; a revoke (which holds the whole
+    rebalance) gives its final commit ``revoke_flush_timeout_seconds`` and then goes on."""
+    import asyncio
+    import time
+
+    from sidecar.source.kafka import KafkaEventSource
+
+    cfg = harness.source.cfg.model_copy(update={"revoke_flush_timeout_seconds": 0.3})
+    monkeypatch.setattr(harness.source, "cfg", cfg)
+
+    async def never(offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(harness.source.consumer, "commit", never)
+    harness.own(0, FakeProcessor(next_offset=40))
+    began = time.monotonic()
+    await asyncio.wait_for(harness.source.revoke([TopicPartition(TOPIC, 0)]), 5)
+    assert time.monotonic() - began < 3
+    assert harness.registry.get_sample_value("sidecar_commits_total", {"result": "failed"}) == 1
+    assert isinstance(harness.source, KafkaEventSource)
+
+
+async def test_an_assignment_after_the_source_stopped_running_creates_no_task(harness: Harness) -> None:
+    """The consumer still answers the group while the app shuts down: an assignment that arrives
+    after run() ended must not create tasks in its finished TaskGroup."""
+    import asyncio
+
+    run = asyncio.create_task(harness.source.run())
+    await asyncio.sleep(0.05)
+    run.cancel()
+    await asyncio.gather(run, return_exceptions=True)
+    harness.source.assign([TopicPartition(TOPIC, 3)])  # raised RuntimeError before
+    assert harness.source._workers[TopicPartition(TOPIC, 3)].task is None
