@@ -80,8 +80,11 @@ def _fired(replicas: list[Replica]) -> float:
     return sum(r.last.value("sidecar_hooks_fired_total") for r in replicas if r.last is not None)
 
 
-async def run(session_timeout_ms: int, rounds: int, rate: float, delay_max: float) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
+async def run(
+    session_timeout_ms: int, rounds: int, rate: float, delay_max: float, workdir: str | None
+) -> dict[str, Any]:
+    with contextlib.ExitStack() as stack:
+        tmp = workdir or stack.enter_context(tempfile.TemporaryDirectory())
         broker = TansuBroker(Path(tmp) / "tansu.log")
         broker.start()
         try:
@@ -146,9 +149,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rate", type=float, default=300.0, help="events per second")
     parser.add_argument("--delay-max", type=float, default=0.5, help="hooks answer after U(0, this) seconds")
+    parser.add_argument("--workdir", help="keep the replicas' configurations and logs here")
     args = parser.parse_args()
     for timeout_ms in args.session_timeout_ms:
-        result = asyncio.run(run(timeout_ms, args.rounds, args.rate, args.delay_max))
+        workdir = f"{args.workdir}/{timeout_ms}" if args.workdir else None
+        if workdir:
+            Path(workdir).mkdir(parents=True, exist_ok=True)
+        result = asyncio.run(run(timeout_ms, args.rounds, args.rate, args.delay_max, workdir))
         print(json.dumps(result), flush=True)
 
 

@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -55,6 +57,15 @@ def write_config(path: Path, bootstrap: str, topic: str, **sections: Mapping[str
         cfg.setdefault(name, {}).update(values)
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """Status and body of a GET (an HTTP error status is an answer, not an exception)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
 
 
 class SidecarProcess:

@@ -13,7 +13,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from tests.integration.kafka_support import (
     REPO,
     SidecarProcess,
     free_port,
+    http_get,
     produce_raw,
     read_topic,
     sample_conversations,
@@ -117,14 +117,6 @@ def test_unreachable_brokers_exit_with_one_line(tmp_path: Path) -> None:
     assert "sidecar: no Kafka broker answered at 127.0.0.1:" in done.stderr
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _metric(text: str, name: str, **labels: str) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
     prefix = f"{name}{{{want}}} " if labels else f"{name} "
@@ -156,8 +148,8 @@ async def _run_and_restart(bootstrap: str, topic: str, tmp_path: Path, **kafka: 
 
             def consumed(port: int = port, out: dict[str, Any] = scraped) -> bool:
                 try:
-                    out["readyz"] = json.loads(_get(f"http://127.0.0.1:{port}/readyz")[1])
-                    out["metrics"] = _get(f"http://127.0.0.1:{port}/metrics")[1]
+                    out["readyz"] = json.loads(http_get(f"http://127.0.0.1:{port}/readyz")[1])
+                    out["metrics"] = http_get(f"http://127.0.0.1:{port}/metrics")[1]
                 except OSError:
                     return False
                 kafka_check = next(c for c in out["readyz"]["checks"] if c["name"] == "kafka")

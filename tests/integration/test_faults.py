@@ -37,7 +37,9 @@ from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.demo.replay import encode, interleave
 from tests.integration.kafka_support import (
     SidecarProcess,
+    free_port,
     ground_truth,
+    http_get,
     produce_raw,
     produce_with_header_key,
     read_topic,
@@ -90,6 +92,22 @@ async def write_results_poison(bs: str, topic: str, records: list[bytes]) -> Non
         await producer.stop()
 
 
+async def polling(port: int, within: float = 120.0) -> None:
+    """Wait until the sidecar on ``port`` is a member of its group and polling."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        try:
+            _, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
+            kafka = next(c for c in json.loads(body)["checks"] if c["name"] == "kafka")
+            if "polling=True" in kafka["detail"] and "partitions=0" not in kafka["detail"]:
+                return
+        except (OSError, ValueError, StopIteration):
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the sidecar on port {port} did not start polling")
+
+
 async def rebalance(bs: str, group: str, topic: str, linger_seconds: float) -> None:
     """Join the sidecar's group as a second member for a while, then leave."""
     joiner = AIOKafkaConsumer(
@@ -132,6 +150,7 @@ async def run_scenario(
     results_topic = f"{name}.results"
     signer = JournalSigner([KEY.encode()])
 
+    port = free_port()
     with MockKafkaCluster(1, rtt_ms=rtt_ms) as kafka:
         bs = kafka.bootstrap_servers
         group = f"g-{name}"
@@ -150,6 +169,7 @@ async def run_scenario(
                 "fetch_max_records": 200,
             },
             state={"turn_debounce_seconds": 0.5},
+            http={"port": port},
         )
         sidecar = SidecarProcess(cfg, tmp_path / f"{name}.log", argv=FAULT_ARGV)
 
@@ -177,6 +197,11 @@ async def run_scenario(
                     sidecar.kill()
                     sidecar.start()
                 else:
+                    # A second member joins the running sidecar's group. (On the mock cluster the
+                    # member that syncs second fails; that must be the joiner, not a sidecar still
+                    # joining after a restart, which would crash as librdkafka's mock answers it
+                    # InvalidRequestError, unlike a real broker.)
+                    await polling(port)
                     await rebalance(bs, group, name, linger_seconds=3.0)
                 done_faults.append(fault)
             await producing

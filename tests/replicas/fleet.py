@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.kafka_support import SidecarProcess, free_port, write_config
+from tests.integration.kafka_support import SidecarProcess, free_port, http_get, write_config
 
 # Every family with a partition label (sidecar.telemetry.stream_metrics.StreamMetrics.PER_PARTITION).
 PER_PARTITION = (
@@ -27,14 +25,6 @@ PER_PARTITION = (
     "sidecar_commit_age_seconds",
     "sidecar_oldest_conversation_age_seconds",
 )
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
 
 
 @dataclass
