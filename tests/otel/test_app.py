@@ -37,7 +37,10 @@ async def test_receiver_feeds_the_pipeline_exactly_once(kafka: str, tmp_path: Pa
     topic, port = "otel-app", free_port()
     cfg = load_config(
         write_config(
-            tmp_path / "c.yaml", kafka, topic, otel={"receiver": {"enabled": True, "host": "127.0.0.1", "port": port}}
+            tmp_path / "c.yaml",
+            kafka,
+            topic,
+            otel={"receiver": {"enabled": True, "host": "127.0.0.1", "port": port, "allow_unauthenticated": True}},
         )
     )
     calls = model_calls(conversation(2))

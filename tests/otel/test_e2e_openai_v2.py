@@ -82,7 +82,7 @@ async def test_openai_v2_spans_become_the_native_events(fake_openai: str, monkey
     metrics = OtelMetrics(CollectorRegistry())
     producer = RecordingProducer()
     receiver = OtlpHttpReceiver(
-        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0),
+        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0, allow_unauthenticated=True),
         OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20),
         producer,  # type: ignore[arg-type]
         metrics,
