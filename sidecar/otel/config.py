@@ -129,6 +129,49 @@ class OtelHistoryConfig(_Frozen):
     idle_ttl_seconds: float = Field(6 * 3600.0, gt=0, description="A conversation not seen for this long is forgotten.")
 
 
+class EndMarkerConfig(_Frozen):
+    """A span that ends its conversation: matched by name, by attribute, or both (all that are given)."""
+
+    span_name: str | None = Field(None, min_length=1, max_length=256, description="The span's name, exactly.")
+    attribute: str | None = Field(None, min_length=1, max_length=256, description="An attribute the span carries.")
+    value: str | None = Field(
+        None,
+        max_length=256,
+        description="The attribute's value as text (a boolean reads 'true' or 'false'); without it, any value "
+        "but false, 0 and the empty string.",
+    )
+
+    @model_validator(mode="after")
+    def _matches_something(self) -> EndMarkerConfig:
+        if self.span_name is None and self.attribute is None:
+            raise ValueError("an end marker needs a span_name, an attribute, or both")
+        if self.value is not None and self.attribute is None:
+            raise ValueError("an end marker's value needs its attribute")
+        return self
+
+
+class OtelConversationEndConfig(_Frozen):
+    """Spans that end a conversation (a ``conversation_end`` event); without any, conversations end on
+    the sidecar's idle TTL (``state.idle_ttl_seconds``), as native ones without an end event do."""
+
+    markers: tuple[EndMarkerConfig, ...] = Field(
+        (),
+        max_length=16,
+        description="The agent's own end markers, e.g. {attribute: app.conversation.ended, value: 'true'} or "
+        "{span_name: conversation.end}. Put the marker in the trace of the conversation's last model call, so "
+        "it is read after it (see docs/opentelemetry.md).",
+    )
+    root_agent_span: bool = Field(
+        False,
+        description="An invoke_agent span that is the root of its trace ends its conversation. Only for agents "
+        "that run one agent span per conversation: with one per turn, every turn would end it.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.markers) or self.root_agent_span
+
+
 class OtelConfig(_Frozen):
     """The OpenTelemetry ingest: spans in, contract-v1 events out to ``kafka.topic``. Off by default."""
 
@@ -136,6 +179,7 @@ class OtelConfig(_Frozen):
     bridge: OtlpKafkaBridgeConfig = Field(default_factory=OtlpKafkaBridgeConfig)
     limits: OtelLimitsConfig = Field(default_factory=OtelLimitsConfig)
     history: OtelHistoryConfig = Field(default_factory=OtelHistoryConfig)
+    conversation_end: OtelConversationEndConfig = Field(default_factory=OtelConversationEndConfig)
 
     @property
     def enabled(self) -> bool:
