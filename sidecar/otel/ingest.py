@@ -41,6 +41,7 @@ from sidecar.otel.errors import OtelRefused
 from sidecar.otel.history import HistoryTracker
 from sidecar.otel.messages import OtelMessage
 from sidecar.otel.metrics import OtelMetrics
+from sidecar.otel.span_events import read_event_history
 
 log = structlog.get_logger(__name__)
 
@@ -233,6 +234,9 @@ class OtelIngest:
 
     def _chat_span(self, span: Span, attrs: Attributes, trace: _Trace) -> ChatSpan | None:
         history = read_history(attrs, self._limits)
+        if history is None and span.events and is_llm_span(attrs):
+            # the older per-message events; only on model calls (an agent span repeats its turn there)
+            history = read_event_history(span, self._limits)
         if history is None:
             if is_llm_span(attrs):
                 raise OtelRefused("content_missing", "a model call without message content (capture is off)")
