@@ -17,6 +17,7 @@ from typing import Any, Final
 import structlog
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
+from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from sidecar.kafka_clients import client_kwargs
 from sidecar.lifecycle import Health
@@ -117,19 +118,19 @@ class OtlpKafkaBridge:
 
     async def step(self, records: list[Any]) -> None:
         """Derive and produce a poll's records; returns once every output is acknowledged."""
-        events: list[tuple[bytes, bytes]] = []
+        payloads: list[TracesData] = []
         dead: list[tuple[Any, OtelRefused]] = []  # (record, why)
         for rec in records:
             try:
                 value = rec.value or b""
                 encoding: Encoding = sniff(value) if self._cfg.encoding == "auto" else self._cfg.encoding
-                data = decode_traces(value, encoding, max_bytes=self._cfg.max_record_bytes)
+                payloads.append(decode_traces(value, encoding, max_bytes=self._cfg.max_record_bytes))
             except OtelRefused as exc:
                 self._ingest.refuse_payload(DOOR, exc.reason)
                 dead.append((rec, exc))
-                continue
-            derived = self._ingest.derive(data, DOOR)
-            events.extend(derived.records)
+        # One derivation for the whole poll: its model calls oldest first whichever partition they
+        # came from, and end signals after all of them.
+        events = self._ingest.derive(payloads, DOOR).records
         backoff = Backoff(BACKOFF_INITIAL_SECONDS, BACKOFF_MAX_SECONDS)
         while True:
             try:

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+TOKEN_ENV = "SIDECAR_OTEL__RECEIVER__BEARER_TOKEN"  # noqa: S105 - the variable's name, not a token
+
+
 class OtlpReceiverConfig(_Frozen):
-    """``POST /v1/traces`` (OTLP/HTTP, protobuf or JSON, optionally gzip)."""
+    """``POST /v1/traces`` (OTLP/HTTP, protobuf or JSON, optionally gzip).
+
+    It writes into the events topic everything the sidecar scores and alerts on, so an enabled
+    receiver requires a bearer token unless the operator opts out in so many words
+    (``allow_unauthenticated``: a listener reachable only through a NetworkPolicy or a mesh that
+    authenticates for it)."""
 
     enabled: bool = Field(False, description="Serve the OTLP/HTTP receiver.")
     host: str = Field("0.0.0.0", description="Address to bind.")  # noqa: S104 - a sidecar serves its pod
@@ -32,7 +40,14 @@ class OtlpReceiverConfig(_Frozen):
     bearer_token: SecretStr | None = Field(
         None,
         description="When set, requests must carry 'Authorization: Bearer <token>' (else 401). "
-        "Set it from a secret with SIDECAR_OTEL__RECEIVER__BEARER_TOKEN.",
+        "Set it from a secret with SIDECAR_OTEL__RECEIVER__BEARER_TOKEN. Required when the receiver is enabled, unless "
+        "allow_unauthenticated is true.",
+    )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve without a bearer token: any client that reaches the port can write conversations. "
+        "Only for a port that something else guards (a NetworkPolicy, a mesh with mTLS); ignored when "
+        "bearer_token is set.",
     )
     produce_timeout_seconds: float = Field(
         10.0,
@@ -41,6 +56,28 @@ class OtlpReceiverConfig(_Frozen):
         description="How long a request waits for Kafka to acknowledge its events before answering 503.",
     )
     retry_after_seconds: int = Field(5, ge=1, le=3600, description="Retry-After of a 503 answer.")
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _token_is_usable(cls, token: SecretStr | None) -> SecretStr | None:
+        # The value is never echoed: the error names what is wrong with it only.
+        if token is not None:
+            value = token.get_secret_value()
+            if not value:
+                raise ValueError(f"the bearer token is empty (an unset secret?); set {TOKEN_ENV} or leave it out")
+            if value != value.strip() or any(not c.isprintable() for c in value):
+                raise ValueError("the bearer token has surrounding whitespace or control characters")
+        return token
+
+    @model_validator(mode="after")
+    def _refuses_to_start_open(self) -> OtlpReceiverConfig:
+        if self.enabled and self.bearer_token is None and not self.allow_unauthenticated:
+            raise ValueError(
+                f"otel.receiver is enabled without a bearer token: set one with {TOKEN_ENV} "
+                "(chart: secrets.otelReceiverBearerToken), or set otel.receiver.allow_unauthenticated: true "
+                "if something else guards the port"
+            )
+        return self
 
 
 class OtlpKafkaBridgeConfig(_Frozen):
@@ -92,6 +129,49 @@ class OtelHistoryConfig(_Frozen):
     idle_ttl_seconds: float = Field(6 * 3600.0, gt=0, description="A conversation not seen for this long is forgotten.")
 
 
+class EndMarkerConfig(_Frozen):
+    """A span that ends its conversation: matched by name, by attribute, or both (all that are given)."""
+
+    span_name: str | None = Field(None, min_length=1, max_length=256, description="The span's name, exactly.")
+    attribute: str | None = Field(None, min_length=1, max_length=256, description="An attribute the span carries.")
+    value: str | None = Field(
+        None,
+        max_length=256,
+        description="The attribute's value as text (a boolean reads 'true' or 'false'); without it, any value "
+        "but false, 0 and the empty string.",
+    )
+
+    @model_validator(mode="after")
+    def _matches_something(self) -> EndMarkerConfig:
+        if self.span_name is None and self.attribute is None:
+            raise ValueError("an end marker needs a span_name, an attribute, or both")
+        if self.value is not None and self.attribute is None:
+            raise ValueError("an end marker's value needs its attribute")
+        return self
+
+
+class OtelConversationEndConfig(_Frozen):
+    """Spans that end a conversation (a ``conversation_end`` event); without any, conversations end on
+    the sidecar's idle TTL (``state.idle_ttl_seconds``), as native ones without an end event do."""
+
+    markers: tuple[EndMarkerConfig, ...] = Field(
+        (),
+        max_length=16,
+        description="The agent's own end markers, e.g. {attribute: app.conversation.ended, value: 'true'} or "
+        "{span_name: conversation.end}. Put the marker in the trace of the conversation's last model call, so "
+        "it is read after it (see docs/opentelemetry.md).",
+    )
+    root_agent_span: bool = Field(
+        False,
+        description="An invoke_agent span that is the root of its trace ends its conversation. Only for agents "
+        "that run one agent span per conversation: with one per turn, every turn would end it.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.markers) or self.root_agent_span
+
+
 class OtelConfig(_Frozen):
     """The OpenTelemetry ingest: spans in, contract-v1 events out to ``kafka.topic``. Off by default."""
 
@@ -99,6 +179,7 @@ class OtelConfig(_Frozen):
     bridge: OtlpKafkaBridgeConfig = Field(default_factory=OtlpKafkaBridgeConfig)
     limits: OtelLimitsConfig = Field(default_factory=OtelLimitsConfig)
     history: OtelHistoryConfig = Field(default_factory=OtelHistoryConfig)
+    conversation_end: OtelConversationEndConfig = Field(default_factory=OtelConversationEndConfig)
 
     @property
     def enabled(self) -> bool:

@@ -90,7 +90,7 @@ def read_history(attrs: Attributes, limits: Limits) -> list[OtelMessage] | None:
     if op in NOT_CHAT_OPERATIONS:
         return None
     if GENAI_INPUT in attrs or GENAI_OUTPUT in attrs:
-        history = _genai_json(attrs, limits)
+        history = genai_history(attrs, limits)
     elif "llm.input_messages.0.message.role" in attrs or "llm.output_messages.0.message.role" in attrs:
         history = _indexed(attrs, limits, _INDEXED_OPENINFERENCE, ("input", "output"))
     elif "gen_ai.prompt.0.role" in attrs or "gen_ai.prompt.0.content" in attrs or "gen_ai.completion.0.role" in attrs:
@@ -141,12 +141,12 @@ def any_value(value: AnyValue, max_depth: int, depth: int = 1) -> Any:
     return getattr(value, kind) if kind is not None else None
 
 
-def _genai_json(attrs: Attributes, limits: Limits) -> list[OtelMessage]:
+def genai_history(attrs: Attributes, limits: Limits) -> list[OtelMessage]:
     history: list[OtelMessage] = []
     system = _json_attr(attrs, GENAI_SYSTEM, limits)
     if system is not None:
         parts = system if isinstance(system, list) else [system]
-        text, _ = _parts(parts, limits)
+        text, _ = genai_parts(parts, limits)
         history.append(OtelMessage("system", text))
     inputs = _json_attr(attrs, GENAI_INPUT, limits)
     outputs = _json_attr(attrs, GENAI_OUTPUT, limits)
@@ -174,12 +174,12 @@ def _genai_message(m: object, limits: Limits) -> OtelMessage:
         parts = [{"type": "text", "content": m["content"]}]
     if not isinstance(parts, list):
         raise OtelRefused("malformed_messages", "a message has no parts list")
-    text, calls = _parts(parts, limits)
+    text, calls = genai_parts(parts, limits)
     name = m.get("name")
     return OtelMessage(role, text, name if isinstance(name, str) else None, calls)
 
 
-def _parts(parts: list[Any], limits: Limits) -> tuple[str, tuple[OtelToolCall, ...]]:
+def genai_parts(parts: list[Any], limits: Limits) -> tuple[str, tuple[OtelToolCall, ...]]:
     texts: list[str] = []
     calls: list[OtelToolCall] = []
     for p in parts:

@@ -17,6 +17,9 @@ Without a rewrite, ``seq`` is the message's position in the span's history: the 
 yields the same events (ids included), whatever the tracker remembers, so a re-read or retried span
 is dropped by the sidecar's dedup. State is 16 bytes per message plus a small record per
 conversation, bounded by ``otel.history`` (count, bytes, idle TTL; least recently seen first).
+
+An end signal (:meth:`HistoryTracker.end`) takes the log's next index, once per conversation, and
+only for a conversation the tracker knows: its log's length is what places the end.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Literal
 from sidecar.otel.messages import DIGEST_BYTES
 
 Kind = Literal["new", "extends", "stale", "rewritten"]
+EndKind = Literal["ends", "repeated", "unknown_conversation"]
 
 # A conversation's record: the dict entry, the object and two ints, next to its digests.
 _OVERHEAD_BYTES = 200
@@ -40,6 +44,7 @@ class _Seen:
     view: bytes  # the digests of the last history seen, concatenated
     next_seq: int  # the log's length: the seq of the next new message
     last_seen: float
+    ended_at: int | None = None  # the seq of the conversation_end derived for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,15 @@ class Diff:
 
     kind: Kind
     new: tuple[tuple[int, int], ...]
+    after_end: bool = False  # new messages for a conversation whose end was already derived
+
+
+@dataclass(frozen=True, slots=True)
+class EndDiff:
+    """What an end signal adds: ``seq`` is the end's index when ``kind == "ends"``."""
+
+    kind: EndKind
+    seq: int = -1
 
 
 class HistoryTracker:
@@ -96,7 +110,7 @@ class HistoryTracker:
             new = tuple((seen.next_seq + j, i) for j, i in enumerate(range(known, n)))
             self._replace(seen, h, seen.next_seq + len(new))
             self._evict(keep=conversation_id)
-            return Diff("extends", new)
+            return Diff("extends", new, after_end=bool(new) and seen.ended_at is not None)
         if seen.view.startswith(h):
             return Diff("stale", ())
         known_set = {seen.view[k : k + DIGEST_BYTES] for k in range(0, len(seen.view), DIGEST_BYTES)}
@@ -106,7 +120,26 @@ class HistoryTracker:
         new = tuple((seen.next_seq + j, i) for j, i in enumerate(range(start, n)))
         self._replace(seen, h, seen.next_seq + len(new))
         self._evict(keep=conversation_id)
-        return Diff("rewritten", new)
+        return Diff("rewritten", new, after_end=bool(new) and seen.ended_at is not None)
+
+    def end(self, conversation_id: str) -> EndDiff:
+        """Place an end signal: the next index of the log, for a conversation known here.
+
+        ``unknown_conversation``: not seen since the tracker started, or forgotten; no index can be
+        placed (the sidecar's state checks ``seq``), so nothing is derived. ``repeated``: its end was
+        already derived (a re-read marker, a second signal); nothing more is derived."""
+        now = self._clock()
+        self._expire(now)
+        seen = self._seen.get(conversation_id)
+        if seen is None:
+            return EndDiff("unknown_conversation")
+        self._seen.move_to_end(conversation_id)
+        seen.last_seen = now
+        if seen.ended_at is not None:
+            return EndDiff("repeated")
+        seen.ended_at = seen.next_seq
+        seen.next_seq += 1
+        return EndDiff("ends", seen.ended_at)
 
     def forget(self, conversation_id: str) -> None:
         """Drop what is known of a conversation: its next span is diffed as a new one."""

@@ -1,12 +1,23 @@
 """Spans in, contract-v1 events out: the part both doors share.
 
-For each payload: find the chat spans (:mod:`sidecar.otel.dialects`), give each its conversation id
-and agent (from the span, else from its nearest ancestor in the payload, else from any span of the
-same trace in the payload), diff its history against what was seen (:mod:`sidecar.otel.history`),
-and turn the new messages into the same records a native producer writes: key = conversation id,
-value = a v1 event whose ``event_id`` is a function of (conversation, seq, message content). Every
-record is checked with the sidecar's own decoder before it leaves, so what the doors produce is
-never dead-lettered for its shape.
+For each payload: find the chat spans (:mod:`sidecar.otel.dialects`) and the end signals
+(:mod:`sidecar.otel.ends`), give each its conversation id and agent (from the span, else from its
+nearest ancestor in the payload, else from any span of the same trace in the payload), diff each
+history against what was seen (:mod:`sidecar.otel.history`), and turn the new messages into the same
+records a native producer writes: key = conversation id, value = a v1 event whose ``event_id`` is a
+function of (conversation, seq, message content). Every record is checked with the sidecar's own
+decoder before it leaves, so what the doors produce is never dead-lettered for its shape.
+
+**Spans on events.** A message's event carries the ``trace_id``/``span_id`` of the span it was first
+derived from: for an assistant reply, normally the model call that produced it; for a user or tool
+message, the first model call that read it. A history re-derived from a later span (a restart, a
+forgotten conversation, a later turn read first) carries that later span's ids. The event id does
+not depend on them, so such a copy is the same event to the sidecar's dedup, which keeps the first
+copy it applied. An end event carries the ids of the span that ended the conversation.
+
+**Order.** Chat spans are taken oldest first (start time) across everything :meth:`OtelIngest.derive`
+is given, end signals after all of them: an end read in the same payload (or bridge poll) as the
+conversation's last model call is placed after its messages.
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -22,13 +33,15 @@ import structlog
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
 
 from sidecar.errors import DecodeError
-from sidecar.events import MAX_ID_CHARS, decode_event
+from sidecar.events import MAX_ID_CHARS, SpanRef, decode_event
 from sidecar.otel.config import OtelConfig
 from sidecar.otel.dialects import Attributes, Limits, is_llm_span, read_history, string_attr
+from sidecar.otel.ends import END_DIGEST, EndSignals
 from sidecar.otel.errors import OtelRefused
 from sidecar.otel.history import HistoryTracker
 from sidecar.otel.messages import OtelMessage
 from sidecar.otel.metrics import OtelMetrics
+from sidecar.otel.span_events import read_event_history
 
 log = structlog.get_logger(__name__)
 
@@ -57,16 +70,38 @@ class ChatSpan:
     history: list[OtelMessage]
     start_ns: int
     end_ns: int
+    span: SpanRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndSpan:
+    """A span that ends its conversation (``otel.conversation_end``)."""
+
+    conversation_id: str
+    agent: str | None
+    end_ns: int
+    span: SpanRef | None
+
+
+@dataclass(slots=True)
+class Found:
+    """What a door's input holds: chat spans (oldest first), end signals, and the count of the rest."""
+
+    chats: list[ChatSpan] = field(default_factory=list)
+    ends: list[EndSpan] = field(default_factory=list)
+    ignored: int = 0
 
 
 @dataclass(slots=True)
 class Derived:
-    """What one payload yields: records to produce, and what was refused."""
+    """What a door's input yields: records to produce, what was refused, what became of end signals."""
 
     records: list[tuple[bytes, bytes]] = field(default_factory=list)
     conversations: set[str] = field(default_factory=set)
     refused: Counter[str] = field(default_factory=Counter)
     chat_spans: int = 0
+    end_spans: int = 0
+    ends: Counter[str] = field(default_factory=Counter)  # sidecar_otel_conversation_ends_total outcomes
 
     @property
     def rejected_spans(self) -> int:
@@ -87,6 +122,16 @@ def agent_label(name: str | None) -> str | None:
     if not name:
         return None
     return _AGENT_CHARS.sub("_", name[:64]) or None
+
+
+def span_ref(span: Span) -> SpanRef | None:
+    """The span's ids as the contract writes them; ``None`` when they are not valid OpenTelemetry ids
+    (wrong length or all zeros: the events then carry none rather than being refused)."""
+    if len(span.trace_id) != 16 or len(span.span_id) != 8:
+        return None
+    if not span.trace_id.strip(b"\x00") or not span.span_id.strip(b"\x00"):
+        return None
+    return SpanRef(span.trace_id.hex(), span.span_id.hex())
 
 
 def check_conversation_id(value: str) -> str:
@@ -143,15 +188,18 @@ class OtelIngest:
         self._limits = Limits(lim.max_attribute_bytes, lim.max_json_depth, lim.max_messages_per_span)
         self._metrics = metrics
         self._max_event_bytes = max_event_bytes
+        self._ends = EndSignals(config.conversation_end)
         h = config.history
         self.tracker = HistoryTracker(h.max_conversations, h.max_state_bytes, h.idle_ttl_seconds)
 
     def refuse_payload(self, door: str, reason: str) -> None:
         self._metrics.refused.labels(door, reason).inc()
 
-    def chat_spans(self, data: TracesData, refused: Counter[str]) -> tuple[list[ChatSpan], int]:
-        """The payload's chat spans with their conversations, oldest first, and how many spans were
-        not model calls; refusals are added to ``refused`` (nothing is counted in metrics here)."""
+    def chat_spans(self, data: TracesData, refused: Counter[str], found: Found | None = None) -> Found:
+        """The payload's chat spans and end signals with their conversations, added to ``found``;
+        refusals are added to ``refused`` (nothing is counted in metrics here). Chat spans are
+        sorted oldest first."""
+        found = found if found is not None else Found()
         traces: dict[bytes, _Trace] = {}
         candidates: list[tuple[Span, Attributes]] = []
         for rs in data.resource_spans:
@@ -160,64 +208,93 @@ class OtelIngest:
                     span_attrs: Attributes = {kv.key: kv.value for kv in span.attributes}
                     traces.setdefault(span.trace_id, _Trace()).add(span, span_attrs)
                     candidates.append((span, span_attrs))
-        out: list[ChatSpan] = []
-        ignored = 0
         for span, attrs in candidates:
+            trace = traces[span.trace_id]
             try:
-                chat = self._chat_span(span, attrs, traces[span.trace_id])
+                chat = self._chat_span(span, attrs, trace)
+                end = self._end_span(span, attrs, trace) if self._ends.matches(span, attrs) else None
             except OtelRefused as exc:
                 refused[exc.reason] += 1
                 continue
-            if chat is None:
-                ignored += 1
-            else:
-                out.append(chat)
-        out.sort(key=lambda c: (c.start_ns, c.end_ns))
-        return out, ignored
+            if chat is not None:
+                found.chats.append(chat)
+            if end is not None:
+                found.ends.append(end)
+            if chat is None and end is None:
+                found.ignored += 1
+        found.chats.sort(key=lambda c: (c.start_ns, c.end_ns))
+        return found
+
+    def _ids(self, span: Span, attrs: Attributes, trace: _Trace) -> tuple[str, str | None]:
+        conversation = _first(attrs, CONVERSATION_KEYS) or trace.lookup(span, CONVERSATION_KEYS, trace.conversation)
+        if conversation is None:
+            raise OtelRefused("no_conversation_id", "none of " + ", ".join(CONVERSATION_KEYS))
+        agent = _first(attrs, AGENT_KEYS) or trace.lookup(span, AGENT_KEYS, trace.agent)
+        return check_conversation_id(conversation), agent_label(agent)
 
     def _chat_span(self, span: Span, attrs: Attributes, trace: _Trace) -> ChatSpan | None:
         history = read_history(attrs, self._limits)
+        if history is None and span.events and is_llm_span(attrs):
+            # the older per-message events; only on model calls (an agent span repeats its turn there)
+            history = read_event_history(span, self._limits)
         if history is None:
             if is_llm_span(attrs):
                 raise OtelRefused("content_missing", "a model call without message content (capture is off)")
             return None
         if not history:
             raise OtelRefused("content_missing", "a model call with an empty history")
-        conversation = _first(attrs, CONVERSATION_KEYS) or trace.lookup(span, CONVERSATION_KEYS, trace.conversation)
-        if conversation is None:
-            raise OtelRefused("no_conversation_id", "none of " + ", ".join(CONVERSATION_KEYS))
-        agent = _first(attrs, AGENT_KEYS) or trace.lookup(span, AGENT_KEYS, trace.agent)
+        conversation, agent = self._ids(span, attrs, trace)
         return ChatSpan(
-            check_conversation_id(conversation),
-            agent_label(agent),
+            conversation,
+            agent,
             history,
             span.start_time_unix_nano,
             span.end_time_unix_nano or span.start_time_unix_nano,
+            span_ref(span),
         )
 
-    def _count(self, door: str, normalised: int, ignored: int, refused: Counter[str]) -> None:
+    def _end_span(self, span: Span, attrs: Attributes, trace: _Trace) -> EndSpan:
+        conversation, agent = self._ids(span, attrs, trace)
+        return EndSpan(conversation, agent, span.end_time_unix_nano or span.start_time_unix_nano, span_ref(span))
+
+    def _count(self, door: str, out: Derived, ignored: int) -> None:
         m = self._metrics
-        if normalised:
-            m.spans.labels(door, "normalised").inc(normalised)
+        if out.chat_spans:
+            m.spans.labels(door, "normalised").inc(out.chat_spans)
+        if out.end_spans:
+            m.spans.labels(door, "end_signal").inc(out.end_spans)
         if ignored:
             m.spans.labels(door, "ignored").inc(ignored)
-        for reason, n in refused.items():
+        for reason, n in out.refused.items():
             m.spans.labels(door, "refused").inc(n)
             m.refused.labels(door, reason).inc(n)
+        for outcome, n in out.ends.items():
+            m.ends.labels(door, outcome).inc(n)
 
-    def derive(self, data: TracesData, door: str) -> Derived:
-        """The records a payload yields (the tracker's state moves on at once: see :meth:`forget`)."""
+    def derive(self, data: TracesData | Sequence[TracesData], door: str) -> Derived:
+        """The records a payload (or several: a bridge poll) yields, chat spans oldest first across
+        all of them, end signals after every chat span (the tracker's state moves on at once: see
+        :meth:`forget`)."""
         out = Derived()
-        chats, ignored = self.chat_spans(data, out.refused)
-        for chat in chats:
+        found = Found()
+        for payload in [data] if isinstance(data, TracesData) else data:
+            self.chat_spans(payload, out.refused, found)
+        found.chats.sort(key=lambda c: (c.start_ns, c.end_ns))
+        for chat in found.chats:
             try:
-                out.records.extend(self._events(chat))
+                out.records.extend(self._events(chat, out))
             except OtelRefused as exc:
                 out.refused[exc.reason] += 1
                 continue
             out.conversations.add(chat.conversation_id)
             out.chat_spans += 1
-        self._count(door, out.chat_spans, ignored, out.refused)
+        for end in found.ends:
+            out.end_spans += 1
+            record = self._end_event(end, out)
+            if record is not None:
+                out.records.append(record)
+                out.conversations.add(end.conversation_id)
+        self._count(door, out, found.ignored)
         self._metrics.conversations.set(len(self.tracker))
         self._metrics.state_bytes.set(self.tracker.state_bytes)
         return out
@@ -227,7 +304,7 @@ class OtelIngest:
         for cid in conversations:
             self.tracker.forget(cid)
 
-    def _events(self, chat: ChatSpan) -> list[tuple[bytes, bytes]]:
+    def _events(self, chat: ChatSpan, out: Derived) -> list[tuple[bytes, bytes]]:
         cid = chat.conversation_id
         digests = [m.digest() for m in chat.history]
         users = [i for i, m in enumerate(chat.history) if m.role == "user"]
@@ -235,27 +312,59 @@ class OtelIngest:
         self._metrics.histories.labels(diff.kind).inc()
         if diff.kind == "rewritten":
             log.info("otel.history_rewritten", new_messages=len(diff.new))
-        key = cid.encode("utf-8")
-        ts = round(chat.end_ns / 1e9, 6)
+        if diff.after_end:
+            # The end was read before this model call: the sidecar dead-letters these messages
+            # (conversation_finished). Counted so an operator sees markers read out of order.
+            out.ends["late_messages"] += 1
         records = []
         for seq, i in diff.new:
-            event: dict[str, object] = {
-                "v": 1,
-                "conversation_id": cid,
-                "event_id": event_id(cid, seq, digests[i]),
-                "seq": seq,
-                "ts": ts,
-                "type": "message",
-                "message": chat.history[i].contract(),
-            }
-            if chat.agent is not None:
-                event["agent"] = chat.agent
-            value = _ENCODER.encode(event)
-            try:
-                decode_event(value, key, max_bytes=self._max_event_bytes)
-            except DecodeError as exc:
-                # Nothing of this span is produced; the next span re-derives the conversation in full.
-                self.tracker.forget(cid)
-                raise OtelRefused("contract_violation", f"{exc.reason}: {exc.detail}") from None
-            records.append((key, value))
+            event = self._event(cid, seq, digests[i], end_ns=chat.end_ns, agent=chat.agent, span=chat.span)
+            event["type"] = "message"
+            event["message"] = chat.history[i].contract()
+            records.append(self._checked(cid, event))
         return records
+
+    def _end_event(self, end: EndSpan, out: Derived) -> tuple[bytes, bytes] | None:
+        cid = end.conversation_id
+        placed = self.tracker.end(cid)
+        out.ends["emitted" if placed.kind == "ends" else placed.kind] += 1
+        if placed.kind != "ends":
+            if placed.kind == "unknown_conversation":
+                log.info("otel.end_of_unknown_conversation")
+            return None
+        event = self._event(cid, placed.seq, END_DIGEST, end_ns=end.end_ns, agent=end.agent, span=end.span)
+        event["type"] = "conversation_end"
+        try:
+            return self._checked(cid, event)
+        except OtelRefused:  # cannot happen for a checked conversation id; kept as a guard
+            out.ends["refused"] += 1
+            return None
+
+    @staticmethod
+    def _event(
+        cid: str, seq: int, digest: bytes, *, end_ns: int, agent: str | None, span: SpanRef | None
+    ) -> dict[str, object]:
+        event: dict[str, object] = {
+            "v": 1,
+            "conversation_id": cid,
+            "event_id": event_id(cid, seq, digest),
+            "seq": seq,
+            "ts": round(end_ns / 1e9, 6),
+        }
+        if agent is not None:
+            event["agent"] = agent
+        if span is not None:
+            event["trace_id"] = span.trace_id
+            event["span_id"] = span.span_id
+        return event
+
+    def _checked(self, cid: str, event: dict[str, object]) -> tuple[bytes, bytes]:
+        key = cid.encode("utf-8")
+        value = _ENCODER.encode(event)
+        try:
+            decode_event(value, key, max_bytes=self._max_event_bytes)
+        except DecodeError as exc:
+            # Nothing of this span is produced; the next span re-derives the conversation in full.
+            self.tracker.forget(cid)
+            raise OtelRefused("contract_violation", f"{exc.reason}: {exc.detail}") from None
+        return key, value

@@ -11,8 +11,8 @@ class OtelMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.spans = Counter(
             "sidecar_otel_spans_total",
-            "Spans read, by door and outcome (normalised: a chat span with its messages; ignored: not a "
-            "model call; refused: see sidecar_otel_refused_total).",
+            "Spans read, by door and outcome (normalised: a chat span with its messages; end_signal: a span "
+            "that ends its conversation; ignored: neither; refused: see sidecar_otel_refused_total).",
             ["door", "outcome"],
             registry=registry,
         )
@@ -26,6 +26,15 @@ class OtelMetrics:
             "sidecar_otel_events_produced_total",
             "Contract-v1 events derived from spans and acknowledged by Kafka, by door.",
             ["door"],
+            registry=registry,
+        )
+        self.ends = Counter(
+            "sidecar_otel_conversation_ends_total",
+            "End-of-conversation signals read from spans, by door and outcome (emitted: a conversation_end "
+            "event; repeated: its end was already derived; unknown_conversation: no history of it here since "
+            "the door started, so nothing to place the end after; late_messages: a model call read after the "
+            "end was derived, whose messages the sidecar dead-letters).",
+            ["door", "outcome"],
             registry=registry,
         )
         self.histories = Counter(

@@ -196,7 +196,11 @@ def _otel(bridge: bool, env: dict[str, Any]) -> Component:
         cfg = OtlpKafkaBridgeConfig(enabled=True, topic="otel-lifecycle-otlp", group_id="g-otel-lifecycle")
         return OtlpKafkaBridge(cfg, kafka, ingest, producer, metrics)
     return OtlpHttpReceiver(
-        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0), ingest, producer, metrics, events_topic=kafka.topic
+        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0, bearer_token="t"),
+        ingest,
+        producer,
+        metrics,
+        events_topic=kafka.topic,
     )
 
 

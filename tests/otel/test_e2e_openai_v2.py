@@ -1,7 +1,9 @@
-"""End to end with an instrumentation nobody here wrote: an agent using the ``openai`` client,
-instrumented with ``opentelemetry-instrumentation-openai-v2``, exporting with the OTel SDK's
-OTLP/HTTP exporter to the receiver. The model is a tiny fake OpenAI server run by the test (no
-vLLM: the point is the spans, not the answers). The events equal a native producer's."""
+"""Tool calls through a real instrumentation: an agent using the ``openai`` client, instrumented
+with ``opentelemetry-instrumentation-openai-v2``, exporting with the OTel SDK's OTLP/HTTP exporter
+to the receiver. The model is a small fake OpenAI server that answers with a tool call: the suite's
+vLLM model (random weights) cannot be made to call a tool, and the tool-call attributes the
+instrumentation writes are the point here. The events equal a native producer's. The same agent
+against vLLM, with all three instrumentations, is ``test_e2e_instrumentations.py``."""
 
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ async def test_openai_v2_spans_become_the_native_events(fake_openai: str, monkey
     metrics = OtelMetrics(CollectorRegistry())
     producer = RecordingProducer()
     receiver = OtlpHttpReceiver(
-        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0),
+        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0, allow_unauthenticated=True),
         OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20),
         producer,  # type: ignore[arg-type]
         metrics,

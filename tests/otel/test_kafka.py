@@ -58,7 +58,7 @@ async def test_receiver_answers_after_kafka_acknowledged(kafka: str) -> None:
     metrics = OtelMetrics(registry)
     producer = OtelEventProducer(kafka_config(kafka, topic))
     receiver = OtlpHttpReceiver(
-        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0),
+        OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0, allow_unauthenticated=True),
         OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20),
         producer,
         metrics,
@@ -83,7 +83,14 @@ async def test_receiver_answers_after_kafka_acknowledged(kafka: str) -> None:
 async def test_receiver_answers_503_when_kafka_is_unreachable() -> None:
     metrics = OtelMetrics(CollectorRegistry())
     producer = OtelEventProducer(kafka_config(f"127.0.0.1:{free_port()}", "nowhere"))
-    cfg = OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0, produce_timeout_seconds=1.0, retry_after_seconds=7)
+    cfg = OtlpReceiverConfig(
+        enabled=True,
+        host="127.0.0.1",
+        port=0,
+        allow_unauthenticated=True,
+        produce_timeout_seconds=1.0,
+        retry_after_seconds=7,
+    )
     receiver = OtlpHttpReceiver(
         cfg, OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20), producer, metrics, events_topic="nowhere"
     )
