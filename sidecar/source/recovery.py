@@ -21,6 +21,11 @@ log = structlog.get_logger(__name__)
 
 READ_TIMEOUT_MS = 1000
 READ_BATCH_RECORDS = 5000
+# Past the reported end, one fetch this long that returns nothing ends a journal read.
+TAIL_TIMEOUT_MS = 200
+# ... and at most this many fetches past it: what another owner of a shared journal partition
+# writes meanwhile is not this read's business (what the previous owner wrote is all before it).
+TAIL_MAX_FETCHES = 4
 # Recovery runs on the event loop beside live partitions: yield after this many records so that
 # one long scan never holds the loop for more than a few milliseconds.
 YIELD_EVERY_RECORDS = 500
@@ -44,6 +49,7 @@ class JournalReader:
             auto_offset_reset="earliest",
             isolation_level="read_committed",
             fetch_max_bytes=self._cfg.fetch_max_bytes,
+            fetch_max_wait_ms=TAIL_TIMEOUT_MS,
         )
         await self._consumer.start()
 
@@ -58,10 +64,16 @@ class JournalReader:
         return int((await self._consumer.beginning_offsets([tp]))[tp])
 
     async def records(
-        self, topic: str, partition: int, start: int, end: int | None = None
+        self, topic: str, partition: int, start: int, end: int | None = None, *, to_tail: bool = False
     ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
         """Records of one partition from ``start`` (or its first retained offset) up to ``end``
-        (default: its end when the read starts). Holds the reader for the whole slice."""
+        (default: its end when the read starts). Holds the reader for the whole slice.
+
+        ``to_tail``: go on past ``end`` for as long as the broker still returns records. A reported
+        end offset can fall short of what was acknowledged (Tansu answers ListOffsets with the
+        last batch's first offset + 1), and a journal read that stops there would miss the tail
+        of the last batch and repeat its effects.
+        """
         assert self._consumer is not None, "start() first"
         tp = TopicPartition(topic, partition)
         async with self._lock:
@@ -73,22 +85,31 @@ class JournalReader:
             if start < first:
                 log.warning("recovery.truncated", topic=topic, partition=partition, wanted=start, first=first)
                 start = first
-            if start >= end:
+            if start >= end and not to_tail:
                 return
-            c.seek(tp, start)
+            c.seek(tp, max(start, first))
             position = start
             seen = 0
-            while position < end:
-                batch = await c.getmany(tp, timeout_ms=READ_TIMEOUT_MS, max_records=READ_BATCH_RECORDS)
-                for rec in batch.get(tp, []):
+            tail_fetches = 0
+            while True:
+                past_end = position >= end
+                if past_end and (not to_tail or tail_fetches >= TAIL_MAX_FETCHES):
+                    return
+                tail_fetches += past_end
+                timeout = TAIL_TIMEOUT_MS if past_end else READ_TIMEOUT_MS
+                batch = await c.getmany(tp, timeout_ms=timeout, max_records=READ_BATCH_RECORDS)
+                records = batch.get(tp, [])
+                if not records and past_end:
+                    return
+                for rec in records:
                     position = rec.offset + 1
-                    if rec.offset >= end:
-                        break
+                    if rec.offset >= end and not to_tail:
+                        return
                     yield rec
                     seen += 1
                     if seen % YIELD_EVERY_RECORDS == 0:
                         await asyncio.sleep(0)
-                if not batch:
+                if not records:
                     position = await c.position(tp)
 
     async def journal_end(self, partition: int) -> int:
@@ -134,8 +155,9 @@ async def load_recovery(  # noqa: PLR0917 - the worker passes its collaborators 
     if om is not None and om.offset >= 0:
         plan.commit_metadata = "present" if meta is not None else "missing"
     read = 0
-    async for rec in reader.records(cfg.results_topic, jpart, journal_from, journal_end):
+    async for rec in reader.records(cfg.results_topic, jpart, journal_from, journal_end, to_tail=True):
         plan.journal_records_read += 1
+        plan.journal_end = max(plan.journal_end, rec.offset + 1)
         entry, reason = read_entry(rec.value, signer)
         if entry is None:
             on_skip(reason or "invalid")

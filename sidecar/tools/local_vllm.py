@@ -221,7 +221,12 @@ class LocalVllmServer:
     def stop(self, timeout_seconds: float = 30.0) -> None:
         """SIGTERM the server's process group, SIGKILL after ``timeout_seconds``. Idempotent."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            return
+        if proc.poll() is not None:
+            # The API process is gone; an engine process of its group may not be.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

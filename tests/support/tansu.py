@@ -12,7 +12,8 @@ other's records.
 
 What Tansu does not give, by measurement (see docs/guarantees.md): aiokafka's idempotent producer
 (``InitProducerId`` answered with UnknownError), commit metadata (offsets are kept, metadata is
-dropped), and anything across a broker restart (memory storage). The sidecar runs on it with
+dropped), anything across a broker restart (memory storage), and a right end offset (ListOffsets
+answers the last batch's first offset + 1). The sidecar runs on it with
 ``kafka.processing_guarantee: at_least_once``. A joining member waits about half the session
 timeout before its first assignment; tests use 6 s session timeouts.
 """

@@ -246,6 +246,45 @@ def vllm_server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory)
         yield server
 
 
+def healthy(server: VllmServer) -> bool:
+    """Whether the server's process runs and its ``/health`` answers 200 (an engine that died
+    behind a live API process answers 500)."""
+    if server._server is not None and not server._server.running:
+        return False
+    try:
+        with urllib.request.urlopen(server.root_url + "/health", timeout=10) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def revive(server: VllmServer) -> None:
+    """Replace a dead session server by a new one on the same port, in place: fixtures and
+    processes that hold its URL go on working. Adapters loaded at run time are gone."""
+    old = server._server
+    if old is None:
+        raise RuntimeError(f"the attached vLLM server at {server.root_url} is not healthy")
+    old.stop(timeout_seconds=10)
+    fresh = start_server(server.model, server.log_path or old.log_path, port=old.port)
+    server.root_url, server._server = fresh.root_url, fresh._server
+
+
+@pytest.fixture(autouse=True)
+def _vllm_server_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For tests that use the session's vLLM server: one that crashed the engine fails with the
+    server's log, and the next test gets a new server instead of failing in turn."""
+    if "vllm_server" not in request.fixturenames:
+        yield
+        return
+    server: VllmServer = request.getfixturevalue("vllm_server")
+    if not healthy(server):
+        revive(server)
+    yield
+    if not healthy(server):
+        tail = server._server.log_tail() if server._server is not None else ""
+        pytest.fail(f"the session's vLLM server died during this test; its log ends:\n{tail}", pytrace=False)
+
+
 def _serve(argv: list[str]) -> int:
     root = Path(argv[0])
     port = int(argv[1]) if len(argv) > 1 else free_port()
