@@ -8,12 +8,19 @@
   default (``http.readiness: process``) only the core checks gate: the Kafka source, and the
   supervised background tasks (``tasks``: a task that died fails readiness with its name, see
   :mod:`sidecar.supervision`).
-* ``GET /<name>`` for each JSON route (``/clusters``...): the callable's result as JSON.
+* ``GET /<name>`` for each JSON route (``/clusters``...): the callable's result as JSON, sent
+  with ``Cache-Control: no-store`` (what these routes show is derived from conversations).
 * ``GET /<name>`` and ``GET /<name>/<param>`` for each page route (``/escalations``,
-  ``/trees/<alert id>``): an HTML or SVG :class:`Page`. A path parameter must fully match the
-  route's pattern (else 400, and the renderer is never called); pages are sent with a
-  Content-Security-Policy that allows no script and no external resource, ``nosniff`` and
-  ``no-store``.
+  ``/trees/<alert id>``, ``/pages.css``): an HTML, SVG or CSS :class:`Page`. A path parameter must
+  fully match the route's pattern (else 400, and the renderer is never called); pages are sent
+  with a Content-Security-Policy that allows no script at all, styles only from this server (no
+  inline style) and no framing, and with ``no-store``. A route with an ``audit`` event logs each
+  view it answers: who asked (peer address, ``X-Forwarded-For`` and user agent, cut and made
+  printable) and the path parameter, never what the page showed.
+
+Every response, whatever its route or status, carries ``X-Content-Type-Options: nosniff`` and
+``Referrer-Policy: no-referrer``; every HTML or SVG response (aiohttp's own error pages included)
+carries the pages' policy (:mod:`sidecar.telemetry.web_safety`).
 
 Hostile clients are expected: unknown paths get 404, other methods 405, request bodies over
 ``max_request_bytes`` 413 (before any handler runs), bodies still arriving after
@@ -42,6 +49,7 @@ from prometheus_client.exposition import choose_encoder
 from sidecar.lifecycle import Health, HealthReporter
 from sidecar.supervision import TASKS_CHECK
 from sidecar.telemetry.config import HttpConfig
+from sidecar.telemetry.web_safety import NO_STORE, PAGE_HEADERS, security_headers, who_asked
 
 log = structlog.get_logger()
 
@@ -54,29 +62,29 @@ class Page:
 
     body: str
     status: int = 200
-    content_type: Literal["text/html", "image/svg+xml"] = "text/html"
+    content_type: Literal["text/html", "image/svg+xml", "text/css"] = "text/html"
 
 
 @dataclass(frozen=True, slots=True)
 class PageRoute:
     """``GET /<name>`` renders ``render(None)`` (unless ``index`` is off); with ``param``,
-    ``GET /<name>/<value>`` renders ``render(value)`` for a value that fully matches ``param``."""
+    ``GET /<name>/<value>`` renders ``render(value)`` for a value that fully matches ``param``.
+
+    With ``audit`` (a structlog event name), every page rendered is logged under that event with
+    the status, the path parameter under the field ``param_field``, and who asked; never the body.
+    """
 
     render: Callable[[str | None], Page]
     param: re.Pattern[str] | None = None
     index: bool = True
+    audit: str | None = None
+    param_field: str = "param"
 
 
-# Pages are self-contained: inline CSS, inline SVG, images as data: URIs, never a script.
-PAGE_HEADERS: Final = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Cache-Control": "no-store",
-    "Referrer-Policy": "no-referrer",
-}
 _BUILTIN: Final = frozenset({"metrics", "healthz", "readyz"})
-_ROUTE_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+_AUDIT_FIELDS: Final = frozenset({"event", "status", "client", "forwarded_for", "user_agent"})
+# A route name, or a stylesheet's file name (``pages.css``) for the relative links of pages.
+_ROUTE_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}(?:\.css)?$")
 # Parser limits. A scraper or probe sends a short request line and a handful of small headers;
 # these leave ample room for proxies' extra headers while bounding what one connection can make
 # the server buffer (request line + headers <= 64 x 8 KiB).
@@ -171,6 +179,9 @@ class HttpServer:
             for name in names:
                 if not _ROUTE_NAME.fullmatch(name) or name in _BUILTIN:
                     raise ValueError(f"invalid {kind} route name {name!r}")
+        for name, page in pages.items():
+            if page.audit is not None and (not page.param_field.isidentifier() or page.param_field in _AUDIT_FIELDS):
+                raise ValueError(f"page route {name!r}: invalid audit field name {page.param_field!r}")
         if routes.keys() & pages.keys():
             raise ValueError(f"routes {sorted(routes.keys() & pages.keys())} are both JSON and page routes")
         self._config = config
@@ -197,6 +208,7 @@ class HttpServer:
         if self._runner is not None:
             raise RuntimeError("HttpServer already started")
         app = web.Application(client_max_size=self._config.max_request_bytes, middlewares=[self._guard])
+        app.on_response_prepare.append(security_headers)
         app.router.add_get("/metrics", self._metrics_handler)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -336,7 +348,9 @@ class HttpServer:
             except Exception as exc:
                 log.exception("http.json_route_failed", route=name, error_type=type(exc).__name__)
                 return web.json_response({"error": "internal error"}, status=500)
-            return web.Response(text=text, content_type="application/json")
+            response = web.Response(text=text, content_type="application/json")
+            response.headers.update(NO_STORE)
+            return response
 
         return handler
 
@@ -350,6 +364,9 @@ class HttpServer:
             except Exception as exc:
                 log.exception("http.page_route_failed", route=name, error_type=type(exc).__name__)
                 return _page(Page("internal error\n", 500), text=True)
+            if page.audit is not None:
+                where = {page.param_field: param} if page.param is not None else {}
+                log.info(page.audit, status=result.status, **where, **who_asked(request))
             return _page(result)
 
         return handler

@@ -1,10 +1,12 @@
 """HTML pages of the live view: one response tree, and the list of recent escalations.
 
-Pages are self-contained (inline CSS and SVG, no script, no external resource), so they work
-under the strict Content-Security-Policy the HTTP server sends with them, and every value shown
-goes through :func:`sidecar.trees.svg.escape`. Links are relative (``trees/<id>`` from
-``/escalations``, ``../escalations`` from a tree), so the pages also work behind a proxy that
-serves the sidecar under a path prefix.
+Pages hold no script, no inline style (no ``<style>`` element, no ``style=""`` attribute) and no
+external resource: the trees are inline SVG and the one stylesheet, :data:`CSS`, is served by the
+sidecar itself at ``/pages.css``, so they work under the strict Content-Security-Policy the HTTP
+server sends with them (``style-src 'self'``, no ``'unsafe-inline'``). Every value shown goes
+through :func:`sidecar.trees.svg.escape`. Links are relative (``trees/<id>`` and ``pages.css`` from
+``/escalations``, ``../escalations`` and ``../pages.css`` from a tree), so the pages also work
+behind a proxy that serves the sidecar under a path prefix.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ pre.text{white-space:pre-wrap;background:#f7f7f7;padding:.6em;border-radius:4px;
 .scroll{overflow:auto;border:1px solid #eee;max-height:80vh}
 """
 MAX_ROW_TEXT = 300
+STYLESHEET = "pages.css"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +90,14 @@ def _value(v: Detail) -> str:
     return "—" if v is None else str(v)
 
 
-def document(title: str, body: Iterable[str]) -> str:
-    """A complete HTML document around ``body`` (already escaped pieces)."""
+def document(title: str, body: Iterable[str], *, root: str = "") -> str:
+    """A complete HTML document around ``body`` (already escaped pieces); ``root`` is the relative
+    path from the page to the server's root (``""`` or ``"../"``), where the stylesheet is."""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>"
+        f'<title>{escape(title)}</title><link rel="stylesheet" href="{escape(root + STYLESHEET)}">'
+        f"</head><body>{''.join(body)}</body></html>"
     )
 
 
@@ -140,7 +145,7 @@ def tree_page(tree: StoredTree) -> str:
         f'<h2>Tree ({shape.leaves} leaves)</h2><p class="muted">{escape(legend)}</p>',
         f'<div class="scroll">{render_svg(shape, title=f"response tree of alert {e.id}")}</div>',
     ]
-    return document(f"response tree {e.id}", body)
+    return document(f"response tree {e.id}", body, root="../")
 
 
 def escalations_page(items: Iterable[Escalation], with_tree: set[str], capacity: int) -> str:
@@ -172,8 +177,9 @@ def escalations_page(items: Iterable[Escalation], with_tree: set[str], capacity:
 
 
 def message_page(title: str, message: str) -> str:
-    """A small page for 400/404 answers."""
+    """A small page for 400/404 answers under ``/trees/``."""
     return document(
         title,
         [f"<h1>{escape(title)}</h1><p>{escape(message)}</p>", '<p><a href="../escalations">recent escalations</a></p>'],
+        root="../",
     )

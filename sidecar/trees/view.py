@@ -9,8 +9,11 @@ Text is kept only when ``alerting.include_text`` allows alerts to carry it; othe
 keep their lengths and numbers and the page draws the shape alone.
 
 Routes (on :class:`~sidecar.telemetry.http.HttpServer`): ``GET /trees/{alert id}`` (the id is
-exactly 32 lowercase hex digits, anything else is 400) and ``GET /escalations``. Nothing here
-survives a restart: a link in an old alert answers 404 once its tree has been dropped.
+exactly 32 lowercase hex digits, anything else is 400), ``GET /escalations`` and the pages'
+stylesheet ``GET /pages.css``. Each tree page answered is logged as ``operator.tree_viewed`` (the
+alert id, the status, who asked: never the content), each listing as
+``operator.escalations_viewed``. Nothing here survives a restart: a link in an old alert answers
+404 once its tree has been dropped.
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ from sidecar.alerting.alert import Alert, Detail
 from sidecar.contract import Effect, TreeScored
 from sidecar.telemetry.http import Page, PageRoute
 from sidecar.trees.config import TreeViewConfig
-from sidecar.trees.pages import Escalation, StoredTree, escalations_page, message_page, tree_page
+from sidecar.trees.pages import (
+    CSS,
+    STYLESHEET,
+    Escalation,
+    StoredTree,
+    escalations_page,
+    message_page,
+    tree_page,
+)
 from sidecar.trees.shape import build_shape
 
 ALERT_ID = re.compile(r"[0-9a-f]{32}")
@@ -107,6 +118,13 @@ class TreeView:
     def routes(self) -> dict[str, PageRoute]:
         """The page routes to give :class:`~sidecar.telemetry.http.HttpServer`."""
         return {
-            "trees": PageRoute(self.tree_page, param=ALERT_ID, index=False),
-            "escalations": PageRoute(self.escalations_page),
+            "trees": PageRoute(
+                self.tree_page, param=ALERT_ID, index=False, audit="operator.tree_viewed", param_field="alert_id"
+            ),
+            "escalations": PageRoute(self.escalations_page, audit="operator.escalations_viewed"),
+            STYLESHEET: PageRoute(_stylesheet),
         }
+
+
+def _stylesheet(_param: str | None) -> Page:
+    return Page(CSS, content_type="text/css")

@@ -74,6 +74,15 @@ def open_page(url: str, screenshot: Path, *, width: int = 1280, height: int = 16
     return Loaded(dumped.stdout, console, screenshot)
 
 
+def dump_dom(url: str) -> tuple[str, list[str]]:
+    """Load ``url`` once: its DOM after load (after every script that ran) and its console lines."""
+    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+        dumped = _run(["--dump-dom", url], profile)
+    if dumped.returncode != 0 or "<html" not in dumped.stdout:
+        raise AssertionError(f"chromium --dump-dom failed ({dumped.returncode}): {dumped.stderr[-2000:]}")
+    return dumped.stdout, [m.group(1) for line in dumped.stderr.splitlines() if (m := _CONSOLE.search(line))]
+
+
 def png_size(path: Path) -> tuple[int, int]:
     """Width and height from a PNG header."""
     head = path.read_bytes()[:24]

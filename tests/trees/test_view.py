@@ -163,7 +163,7 @@ async def test_wired_by_build_hooks_from_escalations() -> None:
         },
     )
     assembly = build_hooks(config, CollectorRegistry())
-    assert set(assembly.page_routes) == {"trees", "escalations"}
+    assert set(assembly.page_routes) == {"trees", "escalations", "pages.css"}
     [escalations] = [s for s in assembly.sinks if getattr(s, "name", "") == "escalations"]
     sink: OutcomeSink = escalations
     for i in range(30):

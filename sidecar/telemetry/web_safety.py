@@ -1,0 +1,66 @@
+"""The headers that make the sidecar's pages safe to open, and who asked, for audit log lines.
+
+:func:`security_headers` runs on every response of :class:`~sidecar.telemetry.http.HttpServer`
+(an aiohttp ``on_response_prepare`` hook, so aiohttp's own 404/405 answers get it too):
+``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: no-referrer`` everywhere, and
+:data:`PAGE_CSP` on every HTML or SVG document. Page and JSON routes add :data:`NO_STORE`
+themselves. :func:`who_asked` gives the fields an audit line logs about the client.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aiohttp import web
+
+# Pages use no script at all, inline SVG (which needs no img-src), and one stylesheet served by a
+# route of this server: no inline <style> and no style="" attribute, so 'unsafe-inline' is not
+# needed. Presentation attributes of SVG (fill, stroke) are not styles and are not governed by
+# style-src. 'self' rather than a path so the pages also work under a proxy's path prefix.
+PAGE_CSP: Final = "default-src 'none'; style-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+# Sent with every response: no content sniffing (a JSON body that holds "<html>" stays JSON), and
+# no page URL (which names an alert id) leaks to another site through Referer.
+COMMON_HEADERS: Final = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+# What pages and JSON routes show is derived from conversations: no browser or proxy cache keeps it.
+NO_STORE: Final = {"Cache-Control": "no-store"}
+PAGE_HEADERS: Final = {"Content-Security-Policy": PAGE_CSP, **COMMON_HEADERS, **NO_STORE}
+_DOCUMENT_TYPES: Final = frozenset({"text/html", "image/svg+xml", "application/xhtml+xml"})
+# A client's user agent and forwarded-for are logged cut to this many characters.
+MAX_LOGGED_HEADER_CHARS: Final = 200
+
+
+async def security_headers(_request: web.Request, response: web.StreamResponse) -> None:
+    """Every response, aiohttp's own 404/405 included, gets the common headers; documents the CSP."""
+    for key, value in COMMON_HEADERS.items():
+        response.headers.setdefault(key, value)
+    if response.content_type in _DOCUMENT_TYPES:
+        response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+
+
+def _printable(value: str | None) -> str | None:
+    """A client-supplied header as a log field: cut, and every unprintable character as U+FFFD."""
+    if value is None:
+        return None
+    value = value[:MAX_LOGGED_HEADER_CHARS]
+    return "".join(c if c.isprintable() else "\ufffd" for c in value)
+
+
+def who_asked(request: web.Request) -> dict[str, str | None]:
+    """Who asked, for an audit log line. ``forwarded_for`` is whatever the client or a proxy in
+    front sent; only the peer address (``client``) is the server's own observation."""
+    return {
+        "client": request.remote,
+        "forwarded_for": _printable(request.headers.get("X-Forwarded-For")),
+        "user_agent": _printable(request.headers.get("User-Agent")),
+    }
+
+
+__all__ = [
+    "COMMON_HEADERS",
+    "MAX_LOGGED_HEADER_CHARS",
+    "NO_STORE",
+    "PAGE_CSP",
+    "PAGE_HEADERS",
+    "security_headers",
+    "who_asked",
+]
