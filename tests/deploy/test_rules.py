@@ -76,7 +76,7 @@ def test_alerts_follow_the_conventions() -> None:
     assert names == [
         "SidecarCompletionRateDropping", "SidecarUncertainTurnsSpike", "SidecarConsumerLagGrowing",
         "SidecarCommitStalled", "SidecarCommitsFailing", "SidecarDeadLetterRateHigh", "SidecarLlmErrorRateHigh",
-        "SidecarLlmCircuitBreakerOpen", "SidecarScoringBacklog", "SidecarEscalationLatencyHigh",
+        "SidecarDown", "SidecarLlmCircuitBreakerOpen", "SidecarScoringBacklog", "SidecarEscalationLatencyHigh",
         "SidecarAlertSinkDown", "SidecarAlertsRejected", "SidecarUncertainTurnRateAboveTarget",
     ]  # fmt: skip
     for a in alerts():
