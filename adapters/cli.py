@@ -191,9 +191,23 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
         "--reuse-reserved",
         choices=("auto", "never"),
         default="auto",
-        help="auto: rename an unused reserved special token of the base (no resize) when it has one",
+        help="auto: rename an unused reserved token of the base (<|reserved_special_token_N|>, <unusedN>;"
+        " no resize) when it has one",
     )
     et.add_argument("--seed", type=int, default=0)
+
+    from adapters.training.gguf_import import DTYPES
+
+    ig = sub.add_parser("import-gguf", help="dequantise a GGUF file into a base model directory vLLM serves")
+    ig.add_argument("gguf_file", type=Path, metavar="GGUF_FILE")
+    ig.add_argument("out", type=Path, metavar="OUT_DIR", help="absent or empty")
+    ig.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+    ig.add_argument(
+        "--licence-note",
+        default=None,
+        help="licence terms written to OUT_DIR/NOTICE and the manifest; default: the Gemma terms "
+        "notice for Gemma architectures, none otherwise",
+    )
     return p
 
 
@@ -238,6 +252,10 @@ def _run(args: argparse.Namespace) -> object:
         from adapters.training.end_tag import add_end_tag
 
         return add_end_tag(args.base, args.out, reuse_reserved=args.reuse_reserved == "auto", seed=args.seed)
+    if args.command == "import-gguf":
+        from adapters.training.gguf_import import import_gguf
+
+        return import_gguf(args.gguf_file, args.out, dtype=args.dtype, licence_note=args.licence_note)
     if args.command == "train-base":
         from adapters.training.base import BaseModelSpec, train_base
 

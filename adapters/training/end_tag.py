@@ -6,10 +6,11 @@ so the adapter cannot add or train an embedding row: the base must already hold 
 row from which a hidden state can make it the argmax. This command writes such a base:
 
 - **present**: the tokenizer already has the end tag as a special token; files are copied.
-- **reuse** (default when possible): the tokenizer has an unused reserved special token
-  (``<|reserved_special_token_N|>``, Llama 3 has 250 of them); the lowest-numbered one is renamed to
-  the end tag in ``tokenizer.json`` and ``tokenizer_config.json``. No resize: the embedding shape,
-  and so every tensor-parallel layout, stays the base's own.
+- **reuse** (default when possible): the tokenizer has an unused reserved added token
+  (``<|reserved_special_token_N|>``: Llama 3 has 250; ``<unusedN>``: Gemma has them, 6,242 in Gemma
+  3); the lowest-numbered one is renamed to the end tag in ``tokenizer.json`` and
+  ``tokenizer_config.json``. No resize: the embedding shape, and so every tensor-parallel layout,
+  stays the base's own, and the sidecar can share the unmodified base with the agent.
 - **add**: the end tag is appended as a special token and the embeddings (and an untied output
   head) are resized by one row.
 
@@ -37,7 +38,10 @@ from adapters.serving.manifest import write_manifest
 
 log = structlog.get_logger()
 
-RESERVED = re.compile(r"<\|reserved_special_token_(\d+)\|>")
+# Reserved placeholders a vocabulary ships for later use, never seen in pretraining text: Llama 3's
+# (special tokens) and Gemma's (special in a GGUF, where llama.cpp marks them CONTROL; plain added
+# tokens in some tokenizer.json files). Llama 3's are preferred, then the lowest number.
+RESERVED = (re.compile(r"<\|reserved_special_token_(\d+)\|>"), re.compile(r"<unused(\d+)>"))
 _WEIGHT_FILES = re.compile(r"(model.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?)$")
 _REWRITTEN = {
     "tokenizer.json",
@@ -69,17 +73,32 @@ def init_rows(model: Any, token_ids: list[int], seed: int = 0) -> float:
     return round(norm, 4)
 
 
+def _reserved_rank(entry: Any) -> tuple[int, int] | None:
+    """Where an added token stands among the reusable ones (pattern, number); None if it is not one."""
+    content = entry.get("content") if isinstance(entry, dict) else None
+    if not isinstance(content, str) or not isinstance(entry.get("id"), int):
+        return None
+    for rank, pattern in enumerate(RESERVED):
+        if (m := pattern.fullmatch(content)) is not None:
+            return rank, int(m.group(1))
+    return None
+
+
 def _reserved_token(raw: dict[str, Any]) -> dict[str, Any] | None:
-    found = [t for t in raw.get("added_tokens", []) if t.get("special") and RESERVED.fullmatch(t.get("content", ""))]
-    return min(found, key=lambda t: int(RESERVED.fullmatch(t["content"]).group(1)), default=None)  # type: ignore[union-attr]
+    """The added token to rename to the end tag: the first reserved placeholder, None without one."""
+    ranked = [(rank, t) for t in raw.get("added_tokens", []) if (rank := _reserved_rank(t)) is not None]
+    return min(ranked, key=lambda pair: pair[0])[1] if ranked else None
 
 
 def _rename(raw: dict[str, Any], entry: dict[str, Any]) -> None:
+    """The added token ``entry`` becomes the end tag, special, matched verbatim, at the same id."""
     old = entry["content"]
-    entry["content"] = END_TAG
+    entry.update(content=END_TAG, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False)
     vocab = raw.get("model", {}).get("vocab")
     if isinstance(vocab, dict) and old in vocab:
         vocab[END_TAG] = vocab.pop(old)
+    elif isinstance(vocab, list) and 0 <= entry["id"] < len(vocab) and isinstance(vocab[entry["id"]], list):
+        vocab[entry["id"]][0] = END_TAG  # a Unigram vocabulary: [piece, score] rows, indexed by id
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -100,6 +119,10 @@ def _tokenizer_config(path: Path, token_id: int, renamed: str | None) -> dict[st
         "single_word": False,
         "special": True,
     }
+    # transformers 5 writes extra_special_tokens where 4.x wrote additional_special_tokens: a renamed
+    # token left in either would come back as a new token past the embedding rows.
+    if isinstance(cfg.get("extra_special_tokens"), list):
+        cfg["extra_special_tokens"] = [t for t in cfg["extra_special_tokens"] if t != renamed]
     extra = [t for t in cfg.get("additional_special_tokens", []) if t != renamed]
     cfg["additional_special_tokens"] = [*extra, END_TAG] if END_TAG not in extra else extra
     return cfg
