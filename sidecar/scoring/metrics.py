@@ -136,3 +136,10 @@ class VllmMetrics:
             states=["auto", "shared", "isolated", "off"],
             registry=registry,
         )
+        self.mixed_batches_mode = Enum(
+            "sidecar_vllm_mixed_batches_mode",
+            "Whether this client lets base-model and LoRA-adapter requests share the server's batches (shared) or "
+            "never has both in flight at once (separated); auto until the self-test before the first adapter request.",
+            states=["auto", "shared", "separated"],
+            registry=registry,
+        )

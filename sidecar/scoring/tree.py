@@ -22,16 +22,14 @@ a stop string (vLLM cannot see it across the prompt boundary), which are counted
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from sidecar.contract import TreeBranch, TreeScored
+from sidecar.scoring.admission import all_or_nothing
 from sidecar.scoring.client import GeneratedChoice, LLMClient
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +182,7 @@ class TreeExpander:
                     calls.append(self._request(tree, model, prompt, *planned))
             # One level's requests run together: vLLM batches them (one request cannot carry
             # per-prompt max_tokens, so branches of different remaining depth go separately).
-            for new in await _all_or_nothing(calls):
+            for new in await all_or_nothing(calls):
                 pending.extend(new)
         return tree
 
@@ -280,18 +278,6 @@ class TreeExpander:
                 branch.truncated = "budget"
                 tree.budget_hit = tree.budget_hit or "tokens"
         return new
-
-
-async def _all_or_nothing(calls: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
-    """Run ``calls`` together; on the first failure cancel the rest and raise that failure as is."""
-    tasks = [asyncio.ensure_future(c) for c in calls]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def most_probable_text(tree: ResponseTree, decode: Callable[[Sequence[int]], str], stop_ids: Sequence[int]) -> str:

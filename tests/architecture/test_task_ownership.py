@@ -35,7 +35,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("clustering/live.py", "GoalClusterer._assignment"): "the conversation's assignment future, awaited by its outcome",
     # Fan-out awaited in the same call.
     ("clustering/algorithm.py", "gather_or_cancel"): "a TaskGroup local to the call",
-    ("scoring/tree.py", "_all_or_nothing"): "awaited in the same call",
+    ("scoring/admission.py", "all_or_nothing"): "awaited in the same call",
     ("stage/pipeline.py", "_all"): "awaited in the same call",
     ("judge/judge.py", "TwoDimensionalJudge.judge"): "a TaskGroup local to the call",
     # Worker threads, shut down by their component's stop().

@@ -41,8 +41,10 @@ def _ok(prompts: int = 1) -> dict[str, object]:
 
 
 def _client(handler: Callable[[httpx.Request], httpx.Response], **cfg: object) -> tuple[VllmClient, CollectorRegistry]:
+    # mixed_batches shared: these tests are about single requests; the self-test has its own tests.
     base = {"base_url": "http://vllm.test/v1", "max_attempts": 3, "retry_initial_backoff_seconds": 0.001,
-            "retry_max_backoff_seconds": 0.002, "breaker_failure_threshold": 100}  # fmt: skip
+            "retry_max_backoff_seconds": 0.002, "breaker_failure_threshold": 100,
+            "mixed_batches": "shared"}  # fmt: skip
     registry = CollectorRegistry()
     config = VllmEndpointConfig(**{**base, **cfg})
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
@@ -275,7 +277,9 @@ async def test_prompt_logprobs_requests_run_alone(isolate: bool) -> None:
             return httpx.Response(200, json={"choices": [{"index": 0, "prompt_logprobs": rows}]})
         return httpx.Response(200, json=_ok())
 
-    config = VllmEndpointConfig(base_url="http://vllm.test/v1", max_concurrency=8, isolate_prompt_logprobs=isolate)
+    config = VllmEndpointConfig(
+        base_url="http://vllm.test/v1", max_concurrency=8, isolate_prompt_logprobs=isolate, mixed_batches="shared"
+    )
     client = VllmClient(
         config, CollectorRegistry(), http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler))
     )

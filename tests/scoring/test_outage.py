@@ -105,7 +105,11 @@ async def test_vllm_down_means_waiting_then_everything_completes(vllm_server: Vl
 
 
 async def test_vllm_going_down_mid_flight_and_slow_responses(vllm_server: VllmServer, proxy: ToggleProxy) -> None:
-    hooks, registry = _hooks(vllm_server, proxy.url, request_timeout_seconds=1.0, max_concurrency=2)
+    # mixed_batches shared: with auto, the mixed-batch self-test's base requests would meet the
+    # outage before any adapter request does, and this test counts the adapter's own failures.
+    hooks, registry = _hooks(
+        vllm_server, proxy.url, request_timeout_seconds=1.0, max_concurrency=2, mixed_batches="shared"
+    )
     await proxy.up()
     proxy.delay_seconds = 3.0  # slower than the request timeout: every attempt times out
     await hooks.start()
