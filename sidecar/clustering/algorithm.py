@@ -10,6 +10,8 @@
    Stop when every remaining pair has failed (``all_pairs``, the issue's rule) or - the
    pseudocode's literal rule - after |L| failures in a row (``consecutive_failures``); a budget of
    merge queries bounds the cost either way.
+5. A :class:`~sidecar.clustering.llm.ClusterNamer` (the LLM-free mode) then names every final
+   cluster against all the others; an instruct model's descriptions are kept as they are.
 
 Deterministic given ``seed``: k-means, every sample of examples and the pair order (ties in D
 break towards the lowest (i, j)). The CPU-heavy steps (k-means, embedding) go through
@@ -19,6 +21,7 @@ break towards the lowest (i, j)). The CPU-heavy steps (k-means, embedding) go th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +33,7 @@ import structlog
 
 from sidecar.clustering.config import StopRule
 from sidecar.clustering.embed import Embedder, Matrix, normalize_rows
-from sidecar.clustering.llm import GoalLLM, MergeQuery
+from sidecar.clustering.llm import ClusterNamer, GoalLLM, MergeQuery
 
 log = structlog.get_logger()
 
@@ -263,9 +266,26 @@ async def llm_guided_clustering(
             "merge_loop": round(time.perf_counter() - t2, 3),
         },
     }
-    result = run.finish(stats)
+    result = await _final_names(run.finish(stats), summaries, llm, seed, offload)
     log.info("clustering.algorithm_done", n=n, k1=run.k, k=result.k, merge_queries=queries, merges=merges)
     return result
+
+
+async def _final_names(
+    result: ClusteringResult, summaries: Sequence[str], namer: GoalLLM, seed: int, offload: Offload
+) -> ClusteringResult:
+    """``result`` with every cluster named against all the others, from a seeded sample of members
+    (unchanged unless ``namer`` is a :class:`ClusterNamer`).
+
+    The loop's labels only compared a cluster with "the rest" and were written before later
+    merges; names for people come from the final partition.
+    """
+    if not isinstance(namer, ClusterNamer):
+        return result
+    rng = np.random.default_rng(seed)
+    m = namer.describe_examples
+    groups = [[summaries[i] for i in _sample(rng, np.flatnonzero(result.assignments == c), m)] for c in range(result.k)]
+    return dataclasses.replace(result, labels=await offload(namer.name_clusters, groups))
 
 
 def assign_nearest(vectors: Matrix, centroids: Matrix) -> tuple[IntArray, npt.NDArray[np.float64]]:

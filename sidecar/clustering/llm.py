@@ -3,7 +3,7 @@
 :class:`OpenAIGoalLLM` asks an instruct model through any OpenAI-compatible chat endpoint (vLLM in
 production) for JSON answers, schema-guided where the server supports ``response_format`` of type
 ``json_schema``, and validates them with pydantic. An answer that does not validate gets a safe
-default - the extractive summary, the previous (or a keyword) label, no merge - and is counted in
+default - the extractive summary, the previous (or an extractive) label, no merge - and is counted in
 ``sidecar_clustering_llm_invalid_answers_total{kind}``. Requests go through the shared
 :class:`~sidecar.llm.endpoint.LlmEndpoint` (its classification, retry and breaker, as configured in
 ``clustering.llm``); a request that fails (timeout, refused connection, HTTP error) is counted in
@@ -12,20 +12,19 @@ default - the extractive summary, the previous (or a keyword) label, no merge - 
 silently turn it into "nothing merges".
 
 :class:`ExtractiveGoalLLM` is the LLM-free mode, for deployments without an instruct model. It is
-documented as the weaker option: summaries are the user's own first messages, labels are keywords
-that separate a cluster's members from non-members, and two clusters merge when their centroids'
-cosine similarity reaches a threshold.
+documented as the weaker option: summaries are the user's own first messages, labels are phrases
+that separate a cluster's members from the other clusters (class-based TF-IDF,
+:mod:`sidecar.clustering.naming`), and two clusters merge when their centroids' cosine similarity
+reaches a threshold.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import openai
 import structlog
@@ -33,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from sidecar.clustering.config import ClusteringConfig, ClusteringLLMConfig
 from sidecar.clustering.metrics import ClusteringMetrics
+from sidecar.clustering.naming import goal_name, name_clusters
 from sidecar.clustering.prompts import (
     DescribeAnswer,
     MergeAnswer,
@@ -82,27 +82,23 @@ class GoalLLM(Protocol):
     async def should_merge(self, query: MergeQuery) -> bool: ...
 
 
+@runtime_checkable
+class ClusterNamer(Protocol):
+    """A :class:`GoalLLM` that also names the final clusters, each against all the others.
+
+    Algorithm 1 calls it once per run, after the merge loop, with a seeded sample of up to
+    ``describe_examples`` members per cluster; its names replace the loop's labels. Guarantees:
+    one name per group, deterministic, never raises on any text.
+    """
+
+    @property
+    def describe_examples(self) -> int: ...
+
+    def name_clusters(self, groups: Sequence[Sequence[str]]) -> list[str]: ...
+
+
 # --------------------------------------------------------------------------------------------
 # LLM-free building blocks
-
-
-_WORD = re.compile(r"[a-z][a-z'-]{2,24}")
-_STOPWORDS_TEXT = """
-    a about above after again against all also am an and any are aren't as at be because been before
-    being below between both but by can can't cannot could couldn't did didn't do does doesn't doing
-    don't down during each few for from further get got had hadn't has hasn't have haven't having he
-    her here hers herself him himself his how i i'd i'll i'm i've if in into is isn't it it's its
-    itself just let's like me more most much must my myself need needs no nor not now of off on once
-    only or other ought our ours ourselves out over own please same shall she should shouldn't so
-    some such than that that's the their theirs them themselves then there there's these they this
-    those through to too under until up upon us very want wanted wants was wasn't we we'd we'll
-    we're were weren't what what's when where which while who whom why will with won't would
-    wouldn't you you'd you'll you're you've your yours yourself yes yeah okay ok thanks thank hi
-    hello hey great good fine sure sounds perfect cool awesome alright right one two three four
-    five also something anything else actually maybe really well know think going help look
-    looking find give tell make see said say go way time day bye goodbye much many lot
-"""
-STOPWORDS = frozenset(_STOPWORDS_TEXT.split())
 
 
 def extractive_summary(transcript: Sequence[Message], max_chars: int) -> str:
@@ -120,28 +116,6 @@ def extractive_summary(transcript: Sequence[Message], max_chars: int) -> str:
         if used >= max_chars:
             break
     return " ".join(parts)[:max_chars]
-
-
-def keywords(text: str) -> set[str]:
-    """Lower-case content words of ``text`` (no digits, no stopwords)."""
-    return {w.strip("'-") for w in _WORD.findall(text.lower()) if w not in STOPWORDS} - {""}
-
-
-def keyword_label(group: Sequence[str], not_in_group: Sequence[str], *, min_df: int, n_words: int = 3) -> str:
-    """The words most typical of ``group`` against ``not_in_group``.
-
-    A word qualifies only if at least ``min_df`` members use it (never fewer, however small the
-    group), so a label is made of words many users typed, never one user's name or number. Ties
-    break alphabetically.
-    """
-    pos = Counter(w for s in group for w in keywords(s))
-    neg = Counter(w for s in not_in_group for w in keywords(s))
-    need = max(1, min_df)
-    n_pos, n_neg = max(1, len(group)), max(1, len(not_in_group))
-    scored = [(pos[w] / n_pos - neg[w] / n_neg + 0.01 * math.log1p(pos[w]), w) for w in pos if pos[w] >= need]
-    scored.sort(key=lambda t: (-t[0], t[1]))
-    words = [w for _, w in scored[:n_words]]
-    return " / ".join(words) if words else "miscellaneous"
 
 
 class ExtractiveGoalLLM:
@@ -162,8 +136,11 @@ class ExtractiveGoalLLM:
         return extractive_summary(transcript, self._max_summary)
 
     async def describe(self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None) -> str:
-        del previous  # keywords are recomputed from the members; nothing to keep
-        return keyword_label(group, not_in_group, min_df=self._min_df)
+        del previous  # names are recomputed from the members; nothing to keep
+        return goal_name(group, not_in_group, min_df=self._min_df)
+
+    def name_clusters(self, groups: Sequence[Sequence[str]]) -> list[str]:
+        return name_clusters(groups, min_df=self._min_df)
 
     async def should_merge(self, query: MergeQuery) -> bool:
         return query.centroid_similarity >= self._threshold
@@ -264,7 +241,7 @@ class OpenAIGoalLLM:
     async def describe(self, group: Sequence[str], not_in_group: Sequence[str], previous: str | None = None) -> str:
         ans = await self._ask("describe", describe_messages(group, not_in_group), DescribeAnswer)
         if ans is None:
-            return previous or keyword_label(group, not_in_group, min_df=self._min_df)
+            return previous or goal_name(group, not_in_group, min_df=self._min_df)
         return one_line(ans.description, 300)
 
     async def should_merge(self, query: MergeQuery) -> bool:

@@ -7,8 +7,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.clustering.llm import extractive_summary, keyword_label, keywords, parse_answer
+from sidecar.clustering.llm import extractive_summary, parse_answer
 from sidecar.clustering.model import OTHER, UNKNOWN, metric_label
+from sidecar.clustering.naming import goal_name
 from sidecar.clustering.prompts import MergeAnswer, merge_messages, one_line
 from sidecar.transcript.dataset import InvalidRecord, parse_line
 from sidecar.transcript.model import Message
@@ -54,8 +55,7 @@ def test_text_helpers_are_bounded(text: str, group: list[str]) -> None:
     label = metric_label(text, 48)
     assert 0 < len(label) <= 48 and label not in (OTHER, UNKNOWN)
     assert set(label) <= set("abcdefghijklmnopqrstuvwxyz0123456789 /&+-")
-    assert keyword_label(group, [text], min_df=2).count(" / ") <= 2
-    assert all(w and w.isascii() for w in keywords(text))
+    assert goal_name(group, [text], min_df=2).count(" and ") <= 1
     assert len(extractive_summary([Message("user", text)], 100)) <= 100
     parsed = parse_answer(text, MergeAnswer)
     assert parsed is None or isinstance(parsed.merge, bool)
