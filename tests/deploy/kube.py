@@ -1,11 +1,11 @@
 """Offline validation of rendered manifests.
 
 Built-in kinds go through kubernetes-validate's strict schemas (unknown fields are errors). The
-custom resources the chart renders (ServiceMonitor, PrometheusRule, ScaledObject) go through the
-``openAPIV3Schema`` of their vendored CRDs (tests/deploy/crds/), made strict the same way: an
-object schema with properties refuses other keys unless the CRD marks it
-``x-kubernetes-preserve-unknown-fields``. The API server would silently prune such a key; a test
-should not let a typo pass.
+custom resources the chart renders (ServiceMonitor, PodMonitor, PrometheusRule, ScaledObject,
+GrafanaDashboard) go through the ``openAPIV3Schema`` of their vendored CRDs (tests/deploy/crds/),
+made strict the same way: an object schema with properties refuses other keys unless the CRD
+marks it ``x-kubernetes-preserve-unknown-fields``. The API server would silently prune such a
+key; a test should not let a typo pass.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from sidecar.config import SidecarConfig, load_config
 from tests.deploy.chart import (
     CHART,
     KUBE_VERSION,
+    NAMESPACE,
     RELEASE,
     by_kind,
     one,
@@ -50,7 +51,7 @@ def ids(p: Path) -> str:
 
 def test_every_documented_scenario_exists() -> None:
     assert [ids(p) for p in SCENARIOS] == [
-        "default", "e2e-alerts", "existing-secret", "full", "in-pod", "keda-cap", "otel",
+        "default", "e2e-alerts", "existing-secret", "full", "in-pod-podmonitor", "in-pod", "keda-cap", "otel",
     ]  # fmt: skip
 
 
@@ -359,6 +360,40 @@ def test_in_pod_mode_renders_no_deployment(helm: str) -> None:
     assert {"ConfigMap", "Secret", "ServiceMonitor", "PrometheusRule"} <= kinds
 
 
+def test_pod_monitor_scrapes_the_in_pod_containers_like_the_service_monitor(helm: str) -> None:
+    docs = rendered(scenario("in-pod-podmonitor"))
+    assert not by_kind(docs, "ServiceMonitor"), "both would scrape every sidecar container"
+    monitor = one(docs, "PodMonitor", RELEASE)
+    assert validation_errors(monitor) == []
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert spec["selector"] == {"matchLabels": {"app.kubernetes.io/name": "booking-agent", "environment": "production"}}
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http-metrics", "/metrics", "15s")
+    # The snippet's container serves the port the PodMonitor scrapes.
+    sidecar = next(c for c in in_pod_snippet()["containers"] if c["name"] == "llm-agent-sidecar")
+    assert endpoint["port"] in {p["name"] for p in sidecar["ports"]}
+    # job first, as the ServiceMonitor's target would have it, then the values' relabelings.
+    job, node = endpoint["relabelings"]
+    assert job == {"action": "replace", "targetLabel": "job", "replacement": RELEASE}
+    assert node["targetLabel"] == "node"
+    assert endpoint["metricRelabelings"][0]["action"] == "drop"
+    # SidecarDown's default matchers find the targets the PodMonitor labels.
+    down = next(r for r in one(docs, "PrometheusRule")["spec"]["groups"][0]["rules"] if r.get("alert") == "SidecarDown")
+    assert f'job="{RELEASE}", namespace="{NAMESPACE}"' in down["expr"]
+    assert validation_errors({**monitor, "spec": {**spec, "podMetricsEndpoint": []}})
+
+
+def test_pod_monitor_defaults_to_the_in_pod_selector(helm: str) -> None:
+    docs = render(
+        [scenario("in-pod")],
+        {"serviceMonitor.enabled": "false", "podMonitor.enabled": "true"},
+        ["templates/podmonitor.yaml"],
+    )
+    assert one(docs, "PodMonitor")["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": "booking-agent"}}
+
+
 def in_pod_snippet() -> dict[str, Any]:
     text = (CHART / "README.md").read_text()
     block = text.split("<!-- in-pod:start -->", 1)[1].split("<!-- in-pod:end -->", 1)[0]
@@ -392,6 +427,16 @@ def test_documented_in_pod_snippet_fits_the_in_pod_scenario(helm: str) -> None:
         ({"config.kafka.revoke_grace_seconds": "60"}, "= 80 s"),
         ({"mode": "inPod", "autoscaling.keda.enabled": "true", "inPod.podSelector.app": "a"}, "does not render"),
         ({"autoscaling.keda.minReplicas": "5", "autoscaling.keda.maxReplicas": "2"}, "must not exceed"),
+        ({"podMonitor.enabled": "true"}, "in mode=deployment use serviceMonitor.enabled"),
+        (
+            {
+                "mode": "inPod",
+                "inPod.podSelector.app": "a",
+                "podMonitor.enabled": "true",
+                "serviceMonitor.enabled": "true",
+            },
+            "would scrape every sidecar container twice",
+        ),
     ],
 )
 def test_template_guards(helm: str, values: dict[str, str], message: str) -> None:

@@ -18,7 +18,8 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.deploy.chart import CHART, render
+from tests.deploy.chart import CHART, render, run_helm, template_args
+from tests.deploy.kube import validation_errors
 from tests.deploy.promql import metric_names
 
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
@@ -212,3 +213,76 @@ def test_dashboards_are_shipped_verbatim_as_labelled_configmaps() -> None:
     template = (CHART / "templates" / "dashboards.yaml").read_text()
     assert ".Files.Get" in template
     assert '"panels"' not in template
+
+
+def grafana_dashboards(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "GrafanaDashboard"}
+
+
+def test_grafana_operator_dashboards_carry_the_files_inline() -> None:
+    docs = render(set_values={"dashboards.grafanaOperator.enabled": "true"})
+    found = grafana_dashboards(docs)
+    assert len(found) == len(DASHBOARDS)
+    # Without dashboards.enabled no ConfigMap duplicates them for Grafana's sidecar.
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and "-dashboard-" in d["metadata"]["name"]]
+    shipped = {}
+    for d in found.values():
+        assert validation_errors(d) == []
+        spec = d["spec"]
+        assert spec["instanceSelector"] == {"matchLabels": {"dashboards": "grafana"}}
+        assert spec["folder"] == "LLM agent sidecar"
+        assert spec["allowCrossNamespaceImport"] is False
+        assert "configMapRef" not in spec
+        shipped[json.loads(spec["json"])["uid"]] = spec["json"]
+    assert shipped == {load(p)["uid"]: p.read_text().rstrip("\n") for p in DASHBOARDS}
+
+
+def test_grafana_operator_dashboards_can_read_the_configmaps() -> None:
+    docs = render(
+        set_values={
+            "dashboards.enabled": "true",
+            "dashboards.namespace": "monitoring",
+            "dashboards.grafanaOperator.enabled": "true",
+            "dashboards.grafanaOperator.source": "configMap",
+            "dashboards.grafanaOperator.folder": "",
+        }
+    )
+    maps = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d
+        for d in docs
+        if d["kind"] == "ConfigMap" and "-dashboard-" in d["metadata"]["name"]
+    }
+    found = grafana_dashboards(docs)
+    assert len(found) == len(DASHBOARDS) == len(maps)
+    for d in found.values():
+        assert validation_errors(d) == []
+        spec = d["spec"]
+        assert "json" not in spec and "folder" not in spec
+        # A configMapRef has no namespace: the ConfigMap must sit next to the GrafanaDashboard.
+        ref = spec["configMapRef"]
+        cm = maps[(d["metadata"]["namespace"], ref["name"])]
+        assert json.loads(cm["data"][ref["key"]])["uid"]
+
+
+def test_grafana_operator_configmap_source_needs_the_configmaps(helm: str) -> None:
+    proc = run_helm(
+        *template_args(
+            set_values={"dashboards.grafanaOperator.enabled": "true", "dashboards.grafanaOperator.source": "configMap"}
+        ),
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "set dashboards.enabled=true too" in proc.stderr
+
+
+def test_the_crd_schema_catches_grafana_dashboard_mistakes() -> None:
+    docs = render(set_values={"dashboards.grafanaOperator.enabled": "true"})
+    good = next(iter(grafana_dashboards(docs).values()))
+    assert validation_errors(good) == []
+    for bad_spec in (
+        {k: v for k, v in good["spec"].items() if k != "instanceSelector"},  # required by the CRD
+        {**good["spec"], "folders": "x"},
+        {**good["spec"], "resyncPeriod": "1d"},
+        {**good["spec"], "configMapRef": {"name": "x"}},  # no key
+    ):
+        assert validation_errors({**good, "spec": bad_spec}), bad_spec

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.deploy.chart import DEPLOY, REPO
 
@@ -69,10 +71,14 @@ def _resolve(value: str, args: dict[str, str]) -> str:
 
 @cache
 def stages() -> dict[str, Stage]:
+    return parse_stages(DOCKERFILE.read_text())
+
+
+def parse_stages(text: str) -> dict[str, Stage]:
     global_args: dict[str, str] = {}
     out: dict[str, Stage] = {}
     current: Stage | None = None
-    for ins in instructions(DOCKERFILE.read_text()):
+    for ins in instructions(text):
         if ins.keyword == "ARG" and current is None:
             name, _, default = ins.args.partition("=")
             global_args[name] = default
@@ -248,3 +254,95 @@ def test_documented_as_linted_not_built() -> None:
     readme = (DEPLOY / "README.md").read_text()
     assert "Not built in CI" in readme
     assert Path(__file__).name in readme
+
+
+OCI_KEYS = ("title", "description", "source", "licenses", "version", "revision")
+
+
+def _unquote(value: str) -> str:
+    return shlex.split(value)[0] if value.strip() else ""
+
+
+def _expand(value: str, scope: dict[str, str]) -> str:
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: scope.get(m.group(1), ""), value)
+
+
+def labels(text: str, target: str, build_args: dict[str, str] | None = None) -> dict[str, str]:
+    """The labels of the image ``target`` of the Dockerfile ``text``, as a builder resolves them:
+    a stage sees a global ARG only after declaring it (``ARG NAME``), and --build-arg values
+    replace the defaults."""
+    passed = build_args or {}
+    global_args = {}
+    for ins in instructions(text):
+        if ins.keyword == "FROM":
+            break
+        if ins.keyword == "ARG":
+            name, _, default = ins.args.partition("=")
+            global_args[name] = _unquote(default)
+    parsed = parse_stages(text)
+    lineage = []
+    stage: Stage | None = parsed[target]
+    while stage is not None:
+        lineage.append(stage)
+        stage = parsed.get(stage.base)
+    out: dict[str, str] = {}
+    for stage in reversed(lineage):
+        scope: dict[str, str] = {}
+        for ins in stage.instructions:
+            if ins.keyword == "ARG":
+                name, sep, default = ins.args.partition("=")
+                scope[name] = passed.get(name, _unquote(default) if sep else global_args.get(name, ""))
+            elif ins.keyword == "LABEL":
+                for pair in shlex.split(ins.args):
+                    key, sep, value = pair.partition("=")
+                    assert sep, f"line {ins.line}: LABEL {pair} is not key=value"
+                    out[key] = _expand(value, scope)
+    return out
+
+
+@pytest.mark.parametrize("target", ["runtime", "adapters"])
+def test_oci_labels(target: str) -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    chart = yaml.safe_load((REPO / "helm" / "sidecar" / "Chart.yaml").read_text())
+    text = DOCKERFILE.read_text()
+    oci = {k.removeprefix("org.opencontainers.image."): v for k, v in labels(text, target).items()}
+    assert set(OCI_KEYS) <= set(oci), f"{target} lacks {set(OCI_KEYS) - set(oci)}"
+    assert all(oci[k] for k in OCI_KEYS if k != "revision"), oci
+    assert oci["source"] == chart["home"]
+    assert oci["licenses"] == project["license"] == chart["annotations"]["artifacthub.io/license"]
+    # The version defaults to the project's; the commit has no default, so no image claims a stale one.
+    assert oci["version"] == project["version"] == chart["appVersion"]
+    assert oci["revision"] == ""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    built = labels(text, target, {"VERSION": "0.2.0rc1", "REVISION": commit})
+    assert built["org.opencontainers.image.version"] == "0.2.0rc1"
+    assert built["org.opencontainers.image.revision"] == commit
+    # Declared after the last layer: a new commit changes the image config, never a layer's cache key.
+    stage = stages()[target].instructions
+    last_layer = max(i for i, ins in enumerate(stage) if ins.keyword in {"COPY", "RUN"})
+    revision_args = [i for i, ins in enumerate(stage) if ins.keyword == "ARG" and ins.args.startswith("REVISION")]
+    assert revision_args and min(revision_args) > last_layer
+
+
+def test_oci_titles_and_descriptions_tell_the_images_apart() -> None:
+    text = DOCKERFILE.read_text()
+    runtime, adapters = labels(text, "runtime"), labels(text, "adapters")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    title, description = "org.opencontainers.image.title", "org.opencontainers.image.description"
+    assert runtime[title] == project["name"] and adapters[title] == f"{project['name']}-adapters"
+    assert runtime[description] == project["description"]
+    assert adapters[description] != runtime[description]
+
+
+def test_label_resolution() -> None:
+    """As a builder: a global ARG is empty in a stage that does not declare it, a stage's own
+    default applies, --build-arg wins, and a later stage inherits its base's labels."""
+    text = (
+        'ARG VERSION=1.0\nFROM a:1 AS x\nLABEL v="${VERSION}" k=x\n'
+        'FROM x AS y\nARG VERSION\nARG NAME="n m"\nLABEL v="${VERSION}" n="$NAME"\n'
+    )
+    assert labels(text, "x") == {"v": "", "k": "x"}
+    assert labels(text, "y") == {"v": "1.0", "k": "x", "n": "n m"}
+    assert labels(text, "y", {"VERSION": "2.0", "NAME": 'quo"te'}) == {"v": "2.0", "k": "x", "n": 'quo"te'}
+    with pytest.raises(AssertionError, match="not key=value"):
+        labels("FROM a:1 AS x\nLABEL justakey\n", "x")

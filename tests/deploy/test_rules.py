@@ -34,15 +34,23 @@ def promtool_run(binary: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([binary, *args], capture_output=True, text=True, check=False, timeout=120)
 
 
-def alerts() -> list[dict[str, Any]]:
+def rules() -> list[dict[str, Any]]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     return [r for g in groups for r in g["rules"]]
+
+
+def alerts() -> list[dict[str, Any]]:
+    return [r for r in rules() if "alert" in r]
+
+
+def recordings() -> list[dict[str, Any]]:
+    return [r for r in rules() if "record" in r]
 
 
 def test_promtool_check_rules(promtool: str) -> None:
     proc = promtool_run(promtool, "check", "rules", "--lint-fatal", str(RULES))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(alerts())} rules found" in proc.stdout
+    assert f"SUCCESS: {len(rules())} rules found" in proc.stdout
 
 
 @pytest.mark.parametrize("path", [p for p in scenarios() if "prometheusRule" in p.read_text()], ids=lambda p: p.stem)
@@ -87,6 +95,67 @@ def test_alerts_follow_the_conventions() -> None:
         assert a["for"]
 
 
+# A recorded series' name: level (the labels it keeps), metric, operations (Prometheus's
+# recording-rule naming conventions).
+RECORD_NAME = re.compile(r"(?P<level>[a-z]+(?:_[a-z]+)*):(?P<metric>sidecar_[a-z_]+):(?P<ops>[a-z0-9_]+)")
+
+
+def test_day_long_baselines_are_recorded_and_read_by_the_alerts() -> None:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    baselines = next(g for g in groups if g["name"] == "llm-agent-sidecar.baselines")
+    assert baselines["interval"] == "2m"
+    assert all("record" in r for r in baselines["rules"])
+    names = [r["record"] for r in recordings()]
+    assert names == [
+        "namespace_job_agent:sidecar_conversations_completed:ratio_rate1d",
+        "namespace_job_agent:sidecar_uncertain_turns_per_tree:ratio_rate1d",
+    ]
+    for r in recordings():
+        m = RECORD_NAME.fullmatch(r["record"])
+        assert m, r["record"]
+        # The level names exactly the labels the expression keeps.
+        assert f"sum by ({', '.join(m['level'].split('_'))})" in r["expr"]
+        assert m["ops"] == "ratio_rate1d" and "[1d]" in r["expr"]
+    by_name = {a["alert"]: a["expr"] for a in alerts()}
+    # The alerts read the recorded series as they were one window ago, and no day-long range.
+    assert f"{names[0]} offset 1h" in by_name["SidecarCompletionRateDropping"]
+    assert f"{names[1]} offset 15m" in by_name["SidecarUncertainTurnsSpike"]
+    for a in alerts():
+        assert "[1d]" not in a["expr"], a["alert"]
+
+
+def test_baselines_follow_the_alerts_values(helm: str) -> None:
+    a = "prometheusRule.alerts"
+    groups = rule_groups(
+        render(
+            set_values={
+                "prometheusRule.enabled": "true",
+                "prometheusRule.recordingRules.interval": "1m",
+                f"{a}.SidecarCompletionRateDropping.baselineWindow": "7d",
+                f"{a}.SidecarUncertainTurnsSpike.enabled": "false",
+            }
+        )
+    )
+    (baselines,) = [g for g in groups if g["name"] == "llm-agent-sidecar.baselines"]
+    assert baselines["interval"] == "1m"
+    (record,) = baselines["rules"]
+    assert record["record"] == "namespace_job_agent:sidecar_conversations_completed:ratio_rate7d"
+    assert "[7d]" in record["expr"]
+    (alert,) = [r for g in groups for r in g["rules"] if r.get("alert") == "SidecarCompletionRateDropping"]
+    assert "namespace_job_agent:sidecar_conversations_completed:ratio_rate7d offset 1h" in alert["expr"]
+    # Without the two alerts, nothing is recorded.
+    groups = rule_groups(
+        render(
+            set_values={
+                "prometheusRule.enabled": "true",
+                f"{a}.SidecarCompletionRateDropping.enabled": "false",
+                f"{a}.SidecarUncertainTurnsSpike.enabled": "false",
+            }
+        )
+    )
+    assert [g["name"] for g in groups] == ["llm-agent-sidecar"]
+
+
 def test_every_alert_can_be_tuned_from_values(helm: str) -> None:
     values = yaml.safe_load((DEPLOY.parent / "helm" / "sidecar" / "values.yaml").read_text())
     assert list(values["prometheusRule"]["alerts"]) == [a["alert"] for a in alerts()]
@@ -96,7 +165,7 @@ def test_every_alert_can_be_tuned_from_values(helm: str) -> None:
         ),
         "PrometheusRule",
     )
-    names = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    names = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert "SidecarCommitStalled" not in names and len(names) == len(alerts()) - 1
 
 
@@ -113,7 +182,7 @@ def test_every_alert_has_a_runbook() -> None:
 
 
 def target_rules(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for g in groups for r in g["rules"] if r["alert"] == "SidecarUncertainTurnRateAboveTarget"]
+    return [r for g in groups for r in g["rules"] if r.get("alert") == "SidecarUncertainTurnRateAboveTarget"]
 
 
 def threshold(rule: dict[str, Any]) -> str:
@@ -151,7 +220,9 @@ def test_uncertain_turn_rate_alert_reads_the_policy_targets(helm: str, tmp_path:
 def test_the_spike_alert_leaves_relative_policy_agents_to_the_target_alert(helm: str) -> None:
     def spike(extra: dict[str, str]) -> str:
         groups = rule_groups(render(set_values={"prometheusRule.enabled": "true", **extra}))
-        expr: str = next(r["expr"] for g in groups for r in g["rules"] if r["alert"] == "SidecarUncertainTurnsSpike")
+        expr: str = next(
+            r["expr"] for g in groups for r in g["rules"] if r.get("alert") == "SidecarUncertainTurnsSpike"
+        )
         return expr
 
     assert "unless on (namespace, job, agent)" in spike({})

@@ -185,6 +185,27 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
         "Additional property sourceLabel is not allowed",
     ),
     ("dashboard labels must be strings", {"dashboards": {"labels": {"grafana_dashboard": 1}}}, "grafana_dashboard"),
+    ("dashboard source", {"dashboards": {"grafanaOperator": {"source": "url"}}}, "source"),
+    (
+        "empty Grafana instance selector",
+        {"dashboards": {"grafanaOperator": {"instanceSelector": {"matchLabels": None}}}},
+        "instanceSelector",
+    ),
+    (
+        "typo in the Grafana instance selector",
+        {"dashboards": {"grafanaOperator": {"instanceSelector": {"matchLabel": {"a": "b"}}}}},
+        "Additional property matchLabel is not allowed",
+    ),
+    ("Go duration", {"dashboards": {"grafanaOperator": {"resyncPeriod": "1d"}}}, "resyncPeriod"),
+    ("pod port name", {"podMonitor": {"port": "9108; rm -rf /"}}, "port"),
+    ("pod port name length", {"podMonitor": {"port": "a" * 16}}, "port"),
+    ("pod selector values", {"podMonitor": {"podSelector": {"app": ["a", "b"]}}}, "app"),
+    ("pod monitor interval", {"podMonitor": {"interval": "often"}}, "interval"),
+    (
+        "pod monitor relabeling typo",
+        {"podMonitor": {"relabelings": [{"target_label": "x"}]}},
+        "Additional property target_label is not allowed",
+    ),
 ]
 
 
