@@ -196,7 +196,7 @@ async def run_app(
                 await component.start()
                 started.append(component)
             await source.start()
-            log.info("sidecar.started", topic=config.kafka.topic, group=config.kafka.group_id, http_port=http.port)
+            log.info("sidecar.started", topic=config.kafka.topic, group=config.kafka.group_id, http_ports=http.ports)
             if ready is not None:
                 ready.set()
             pipeline.append(supervisor.spawn("kafka-source", source.run, fatal=True))

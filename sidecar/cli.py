@@ -76,6 +76,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.config_command == "show":
             sys.stdout.write(dump_yaml(cfg))
         else:
+            from sidecar.telemetry.web_config import load_web_config
+
+            # The listeners' web-config files too: a bad hash or certificate fails here, not at start.
+            for binding in cfg.http.bindings():
+                if binding.web_config_file is not None:
+                    load_web_config(binding.web_config_file)
             print("configuration is valid")
         return EXIT_OK
     if args.command == "run":

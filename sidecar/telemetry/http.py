@@ -1,5 +1,12 @@
 """The sidecar's own HTTP server: ``/metrics``, ``/healthz``, ``/readyz`` and read-only JSON views.
 
+Two listeners (:meth:`~sidecar.telemetry.config.HttpConfig.bindings`): the *scrape* listener serves
+``/metrics``, ``/healthz`` and ``/readyz``; the *operator* listener the JSON and page routes. With no
+``http.operator.port`` both sets share the scrape listener (one port). Each listener may have a
+web-config file in the exporter-toolkit format (TLS, basic-auth users, extra headers:
+:mod:`sidecar.telemetry.web_config`) and bearer tokens; :mod:`sidecar.telemetry.auth` checks the
+credentials, and :mod:`sidecar.telemetry.listener` owns the sockets.
+
 * ``GET /metrics``: Prometheus text exposition of the registry given (OpenMetrics when the
   scraper's ``Accept`` asks for it; gzip when ``Accept-Encoding`` allows it).
 * ``GET /healthz``: 200 whenever the event loop gets to answer (liveness).
@@ -25,15 +32,15 @@ carries the pages' policy (:mod:`sidecar.telemetry.web_safety`).
 Hostile clients are expected: unknown paths get 404, other methods 405, request bodies over
 ``max_request_bytes`` 413 (before any handler runs), bodies still arriving after
 ``request_timeout_seconds`` 408, over-long request lines or header floods are refused by the parser
-limits set here, unparseable bytes get a 400 and a closed connection, and connections beyond
-``max_connections`` get a 503 and are closed at once (counted in
-``sidecar_http_connections_refused_total``).
+limits (:mod:`sidecar.telemetry.listener`), unparseable bytes get a 400 and a closed connection,
+connections beyond ``max_connections`` get a 503 and are closed at once (counted in
+``sidecar_http_connections_refused_total``), and failed authentications are counted and limited
+per client address.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import json
 import re
@@ -48,7 +55,10 @@ from prometheus_client.exposition import choose_encoder
 
 from sidecar.lifecycle import Health, HealthReporter
 from sidecar.supervision import TASKS_CHECK
-from sidecar.telemetry.config import HttpConfig
+from sidecar.telemetry.auth import Authenticator, FailureLimiter
+from sidecar.telemetry.config import Binding, HttpConfig
+from sidecar.telemetry.listener import Listener
+from sidecar.telemetry.web_config import WebConfig, load_web_config
 from sidecar.telemetry.web_safety import NO_STORE, PAGE_HEADERS, security_headers, who_asked
 
 log = structlog.get_logger()
@@ -82,25 +92,10 @@ class PageRoute:
 
 
 _BUILTIN: Final = frozenset({"metrics", "healthz", "readyz"})
+_HEALTH_PATHS: Final = ("/healthz", "/readyz")
 _AUDIT_FIELDS: Final = frozenset({"event", "status", "client", "forwarded_for", "user_agent"})
 # A route name, or a stylesheet's file name (``pages.css``) for the relative links of pages.
 _ROUTE_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}(?:\.css)?$")
-# Parser limits. A scraper or probe sends a short request line and a handful of small headers;
-# these leave ample room for proxies' extra headers while bounding what one connection can make
-# the server buffer (request line + headers <= 64 x 8 KiB).
-MAX_LINE_BYTES: Final = 8190
-MAX_FIELD_BYTES: Final = 8190
-MAX_HEADERS: Final = 64
-# Idle connections are closed after this long, including ones that never finish sending a request
-# (aiohttp applies it before the first request too, which bounds slow-header clients). Prometheus
-# scrapes every 15-60 s and reconnects cheaply, so holding sockets longer only helps a client
-# that hoards connections.
-KEEPALIVE_TIMEOUT_SECONDS: Final = 15.0
-# After refusing a request whose body was not read (413), aiohttp drains the socket for up to this
-# long before closing so the client sees the response instead of a reset. aiohttp's 10 s default
-# lets a client that announced a huge body pin a connection for that long; 1 s is plenty on
-# loopback and cluster networks.
-LINGERING_SECONDS: Final = 1.0
 
 
 class HttpMetrics:
@@ -118,46 +113,13 @@ class HttpMetrics:
             "Connections closed at once because max_connections were already open.",
             registry=registry,
         )
-
-
-_BUSY_BODY: Final = b"too many open connections\n"
-_BUSY: Final = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
-    b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
-)
-
-
-class _Refusal(asyncio.Protocol):
-    """Answers 503 and closes: the connection costs one write, never a parser or a task."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(_BUSY)
-        transport.close()
-
-
-class _ConnectionGate:
-    """Protocol factory in front of aiohttp's server: at most ``limit`` connections open at once."""
-
-    def __init__(self, server: web.Server, limit: int, refused: Counter) -> None:
-        self._server = server
-        self._limit = limit
-        self._refused = refused
-        self.open = 0
-        forget = server.connection_lost
-
-        def connection_lost(handler: Any, exc: BaseException | None) -> None:
-            self.open -= 1
-            forget(handler, exc)
-
-        server.connection_lost = connection_lost  # type: ignore[method-assign,assignment]
-
-    def __call__(self) -> asyncio.BaseProtocol:
-        if self.open >= self._limit:
-            self._refused.inc()
-            return _Refusal()
-        self.open += 1
-        return self._server()
+        self.auth_failures = Counter(
+            "sidecar_http_auth_failures_total",
+            "Requests refused for want of valid credentials, by listener (scrape, operator) and reason "
+            "(missing, malformed, invalid, rate_limited).",
+            ["listener", "reason"],
+            registry=registry,
+        )
 
 
 class HttpServer:
@@ -192,73 +154,83 @@ class HttpServer:
         self._page_routes = pages
         self._metrics = HttpMetrics(registry)
         self._handlers = _BUILTIN | routes.keys() | pages.keys()
-        self._runner: web.AppRunner | None = None
-        self._listener: asyncio.Server | None = None
-        self._port: int | None = None
+        # Web-config files are read now: a bad file stops the process before anything is served.
+        limiter = FailureLimiter(config.auth_max_failures, config.auth_failure_window_seconds)
+        self._plans: list[tuple[Binding, WebConfig, Authenticator]] = []
+        for binding in config.bindings():
+            web_config = WebConfig() if binding.web_config_file is None else load_web_config(binding.web_config_file)
+            auth = Authenticator(
+                binding.name,
+                users=web_config.users,
+                token_sha256=binding.bearer_token_sha256,
+                open_paths=_HEALTH_PATHS if binding.scrape_routes and config.health_without_auth else (),
+                limiter=limiter,
+                failures=self._metrics.auth_failures,
+            )
+            self._plans.append((binding, web_config, auth))
+        self._listeners: list[Listener] = []
 
     @property
     def port(self) -> int:
-        """The bound port (the real one when the configured port is 0). Only valid after start()."""
-        if self._port is None:
+        """The first listener's bound port (the scrape listener's unless it is off; the real one when
+        the configured port is 0). Only valid after start()."""
+        if not self._listeners:
             raise RuntimeError("HttpServer is not started")
-        return self._port
+        return self._listeners[0].port
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """Each listener's bound port by name (``scrape``, ``operator``); empty before start()."""
+        return {listener.name: listener.port for listener in self._listeners}
 
     async def start(self) -> None:
-        """Bind and start serving; returns once the socket listens. Raises OSError if it cannot bind."""
-        if self._runner is not None:
+        """Bind every listener; returns once they listen. Raises OSError if one cannot bind."""
+        if self._listeners:
             raise RuntimeError("HttpServer already started")
-        app = web.Application(client_max_size=self._config.max_request_bytes, middlewares=[self._guard])
-        app.on_response_prepare.append(security_headers)
-        app.router.add_get("/metrics", self._metrics_handler)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        for name, fn in self._json_routes.items():
-            app.router.add_get(f"/{name}", self._json_handler(name, fn))
-        for name, page in self._page_routes.items():
-            handler = self._page_handler(name, page)
-            if page.index:
-                app.router.add_get(f"/{name}", handler)
-            if page.param is not None:
-                app.router.add_get(f"/{name}/{{param}}", handler)
-        runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS,
-            lingering_time=LINGERING_SECONDS,
-            max_line_size=MAX_LINE_BYTES,
-            max_field_size=MAX_FIELD_BYTES,
-            max_headers=MAX_HEADERS,
-        )
-        await runner.setup()
-        self._runner = runner
-        assert runner.server is not None
-        gate = _ConnectionGate(runner.server, self._config.max_connections, self._metrics.refused)
         try:
-            self._listener = await asyncio.get_running_loop().create_server(
-                gate, self._config.host, self._config.port, reuse_address=True
-            )
+            for binding, web_config, auth in self._plans:
+                listener = Listener(
+                    binding.name,
+                    self._app(binding, web_config, auth),
+                    binding.host,
+                    binding.port,
+                    max_connections=self._config.max_connections,
+                    refused=self._metrics.refused,
+                    ssl_context=None if web_config.tls is None else web_config.tls.ssl_context(),
+                )
+                self._listeners.append(listener)
+                await listener.start()
         except BaseException:
             await self.stop()
             raise
-        self._port = int(self._listener.sockets[0].getsockname()[1])
-        log.info("http.started", host=self._config.host, port=self._port)
+
+    def _app(self, binding: Binding, web_config: WebConfig, auth: Authenticator) -> web.Application:
+        app = web.Application(
+            client_max_size=self._config.max_request_bytes, middlewares=[self._guard, auth.middleware]
+        )
+        app.on_response_prepare.append(security_headers)
+        if web_config.headers:
+            app.on_response_prepare.append(_extra_headers(web_config.headers))
+        if binding.scrape_routes:
+            app.router.add_get("/metrics", self._metrics_handler)
+            app.router.add_get("/healthz", self._healthz)
+            app.router.add_get("/readyz", self._readyz)
+        if binding.operator_routes:
+            for name, fn in self._json_routes.items():
+                app.router.add_get(f"/{name}", self._json_handler(name, fn))
+            for name, page in self._page_routes.items():
+                handler = self._page_handler(name, page)
+                if page.index:
+                    app.router.add_get(f"/{name}", handler)
+                if page.param is not None:
+                    app.router.add_get(f"/{name}/{{param}}", handler)
+        return app
 
     async def stop(self) -> None:
-        """Close the listening socket and open connections. Idempotent; safe without start()."""
-        runner, self._runner = self._runner, None
-        listener, self._listener = self._listener, None
-        if runner is None:
-            return
-        self._port = None
-        if listener is not None:
-            listener.close()  # stop accepting; the runner closes the open connections
-        await runner.cleanup()
-        if listener is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await listener.wait_closed()
-        log.info("http.stopped")
+        """Close the listening sockets and open connections. Idempotent; safe without start()."""
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            await listener.stop()
 
     async def __aenter__(self) -> HttpServer:
         await self.start()
@@ -370,6 +342,17 @@ class HttpServer:
             return _page(result)
 
         return handler
+
+
+def _extra_headers(headers: Mapping[str, str]) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """The web-config file's ``http_server_config.headers``, on every response that does not set
+    its own (a page's stricter Content-Security-Policy is never replaced)."""
+
+    async def add(_request: web.Request, response: web.StreamResponse) -> None:
+        for key, value in headers.items():
+            response.headers.setdefault(key, value)
+
+    return add
 
 
 def _page(page: Page, *, text: bool = False) -> web.Response:

@@ -1,0 +1,206 @@
+"""One listening socket of the HTTP server: an aiohttp application behind a connection gate, with TLS.
+
+:class:`Listener` binds ``host``:``port`` and serves one :class:`aiohttp.web.Application` through
+a gate that allows at most ``max_connections`` open connections: one more gets a plain 503 and is
+closed at once, costing one write and never a parser or a task (counted in ``refused``).
+
+With an :class:`ssl.SSLContext`, every accepted TCP connection is counted from the moment it is
+accepted, through the handshake, until the socket closes. asyncio's own ``create_server(ssl=...)``
+would not do: it builds the application protocol before the handshake and never tells it about a
+handshake that failed, so a gate counting application protocols would leak one slot per failed
+handshake and a client could lock the listener out by failing ``max_connections`` handshakes. The
+gate here wraps asyncio's TLS protocol instead and releases the slot when the TCP connection is lost,
+whatever the handshake did. A handshake not finished within :data:`TLS_HANDSHAKE_SECONDS` is
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from asyncio import sslproto
+from typing import Any, Final
+
+import structlog
+from aiohttp import web
+from prometheus_client import Counter
+
+log = structlog.get_logger()
+
+# Parser limits. A scraper or probe sends a short request line and a handful of small headers;
+# these leave ample room for proxies' extra headers while bounding what one connection can make
+# the server buffer (request line + headers <= 64 x 8 KiB).
+MAX_LINE_BYTES: Final = 8190
+MAX_FIELD_BYTES: Final = 8190
+MAX_HEADERS: Final = 64
+# Idle connections are closed after this long, including ones that never finish sending a request
+# (aiohttp applies it before the first request too, which bounds slow-header clients). Prometheus
+# scrapes every 15-60 s and reconnects cheaply, so holding sockets longer only helps a client
+# that hoards connections.
+KEEPALIVE_TIMEOUT_SECONDS: Final = 15.0
+# After refusing a request whose body was not read (413), aiohttp drains the socket for up to this
+# long before closing so the client sees the response instead of a reset. aiohttp's 10 s default
+# lets a client that announced a huge body pin a connection for that long; 1 s is plenty on
+# loopback and cluster networks.
+LINGERING_SECONDS: Final = 1.0
+# A TLS handshake takes a few round trips; asyncio's 60 s default lets a client that never speaks
+# hold a connection slot for a minute. 10 s is ample across a cluster or a slow VPN.
+TLS_HANDSHAKE_SECONDS: Final = 10
+
+_BUSY_BODY: Final = b"too many open connections\n"
+_BUSY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+)
+
+
+class _Refusal(asyncio.Protocol):
+    """Answers 503 and closes: the connection costs one write, never a parser or a task."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_BUSY)
+        transport.close()
+
+
+class _Drop(asyncio.Protocol):
+    """Closes the connection at once, unanswered."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class _CountedTls(sslproto.SSLProtocol):
+    """asyncio's server-side TLS protocol that releases its gate slot when the TCP connection ends."""
+
+    def __init__(self, app: asyncio.BaseProtocol, context: ssl.SSLContext, gate: _ConnectionGate) -> None:
+        # No waiter: nothing awaits the handshake here (asyncio's SSLProtocol accepts None, its stub
+        # does not say so); its end is seen in connection_made/connection_lost.
+        super().__init__(
+            asyncio.get_running_loop(),
+            app,
+            context,
+            None,  # type: ignore[arg-type]
+            server_side=True,
+            ssl_handshake_timeout=TLS_HANDSHAKE_SECONDS,
+        )
+        self._gate: _ConnectionGate | None = gate
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            super().connection_lost(exc)
+        finally:
+            gate, self._gate = self._gate, None
+            if gate is not None:
+                gate.open -= 1
+
+
+class _ConnectionGate:
+    """Protocol factory in front of aiohttp's server: at most ``limit`` connections open at once."""
+
+    def __init__(self, server: web.Server, limit: int, refused: Counter, context: ssl.SSLContext | None) -> None:
+        self._server = server
+        self._limit = limit
+        self._refused = refused
+        self._context = context
+        self.open = 0
+        if context is None:
+            # Plain TCP: aiohttp's handler is the connection's protocol and hears of its end.
+            forget = server.connection_lost
+
+            def connection_lost(handler: Any, exc: BaseException | None) -> None:
+                self.open -= 1
+                forget(handler, exc)
+
+            server.connection_lost = connection_lost  # type: ignore[method-assign,assignment]
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if self.open >= self._limit:
+            self._refused.inc()
+            # Over TLS a 503 would first cost a handshake: the connection is closed unanswered.
+            return _Refusal() if self._context is None else _Drop()
+        self.open += 1
+        if self._context is None:
+            return self._server()
+        return _CountedTls(self._server(), self._context, self)
+
+
+class Listener:
+    """One socket serving one application; ``start()`` binds, ``stop()`` is idempotent."""
+
+    def __init__(
+        self,
+        name: str,
+        app: web.Application,
+        host: str,
+        port: int,
+        *,
+        max_connections: int,
+        refused: Counter,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.name = name
+        self._app = app
+        self._host = host
+        self._requested_port = port
+        self._max_connections = max_connections
+        self._refused = refused
+        self._ssl = ssl_context
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when the configured port is 0). Only valid after start()."""
+        if self._port is None:
+            raise RuntimeError(f"listener {self.name} is not started")
+        return self._port
+
+    async def start(self) -> None:
+        """Bind and start serving; returns once the socket listens. Raises OSError if it cannot bind."""
+        if self._runner is not None:
+            raise RuntimeError(f"listener {self.name} already started")
+        runner = web.AppRunner(
+            self._app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS,
+            lingering_time=LINGERING_SECONDS,
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_FIELD_BYTES,
+            max_headers=MAX_HEADERS,
+        )
+        await runner.setup()
+        self._runner = runner
+        assert runner.server is not None
+        gate = _ConnectionGate(runner.server, self._max_connections, self._refused, self._ssl)
+        try:
+            self._server = await asyncio.get_running_loop().create_server(
+                gate, self._host, self._requested_port, reuse_address=True
+            )
+        except BaseException:
+            await self.stop()
+            raise
+        self._port = int(self._server.sockets[0].getsockname()[1])
+        log.info("http.started", listener=self.name, host=self._host, port=self._port, tls=self._ssl is not None)
+
+    async def stop(self) -> None:
+        """Close the listening socket and open connections. Idempotent; safe without start()."""
+        runner, self._runner = self._runner, None
+        server, self._server = self._server, None
+        if runner is None:
+            return
+        self._port = None
+        if server is not None:
+            server.close()  # stop accepting; the runner closes the open connections
+        await runner.cleanup()
+        if server is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await server.wait_closed()
+        log.info("http.stopped", listener=self.name)
+
+
+__all__ = ["KEEPALIVE_TIMEOUT_SECONDS", "LINGERING_SECONDS", "TLS_HANDSHAKE_SECONDS", "Listener"]
