@@ -274,10 +274,11 @@ def name_clusters(groups: Sequence[Sequence[str]], *, min_df: int) -> list[str]:
     counts = Counter(names)
     out = []
     for name, ranked in zip(names, scored, strict=True):
+        shown = name
         if counts[name] > 1 and name != NO_NAME:
             used = {stem(w) for w in name.split()}
             extra = _pick([x for x in ranked if used.isdisjoint(map(stem, x[1].split()))])
             if extra is not None:
-                name = f"{name}: {extra[1]}"
-        out.append(name)
+                shown = f"{name}: {extra[1]}"
+        out.append(shown)
     return out
