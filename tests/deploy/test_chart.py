@@ -52,6 +52,7 @@ def ids(p: Path) -> str:
 def test_every_documented_scenario_exists() -> None:
     assert [ids(p) for p in SCENARIOS] == [
         "default", "e2e-alerts", "existing-secret", "full", "in-pod-podmonitor", "in-pod", "keda-cap", "otel",
+        "secure",
     ]  # fmt: skip
 
 

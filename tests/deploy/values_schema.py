@@ -9,7 +9,8 @@ schemas by hand:
   (``values.secrets``), never in the ConfigMap, so the schema refuses them there;
 * ``io.k8s.*`` and ``k8s.VolumeSource``: the Kubernetes types the values pass through (affinity,
   tolerations, volumes...), from kubernetes-validate's strict schemas for :data:`K8S_SCHEMA_VERSION`;
-* ``monitoring.coreos.com.RelabelConfig``: a ServiceMonitor relabeling, from the vendored CRD.
+* ``monitoring.coreos.com.*``: a ServiceMonitor relabeling and the endpoint's ``tlsConfig``,
+  ``basicAuth`` and ``authorization``, from the vendored CRD.
 
     .venv/bin/python -m tests.deploy.values_schema            # rewrite the file
     .venv/bin/python -m tests.deploy.values_schema --check    # exit 1 when it is stale
@@ -131,13 +132,23 @@ def k8s_definitions(roots: set[str]) -> dict[str, Any]:
     return out
 
 
-def relabel_definition() -> dict[str, Any]:
+# ServiceMonitor endpoint fields the values pass through, definition name to the endpoint's property.
+_ENDPOINT_FIELDS: Final = {"TLSConfig": "tlsConfig", "BasicAuth": "basicAuth", "Authorization": "authorization"}
+
+
+def monitoring_definitions() -> dict[str, Any]:
+    """A ServiceMonitor relabeling and the endpoint's tlsConfig, basicAuth and authorization."""
     crd = yaml.safe_load((CRDS / "monitoring.coreos.com_servicemonitors.yaml").read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     endpoint = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["endpoints"]["items"]
-    relabel = _strip(endpoint["properties"]["relabelings"]["items"], keep_descriptions=False)
-    _close_objects(relabel)
-    return {"monitoring.coreos.com.RelabelConfig": relabel}
+    fields = {"RelabelConfig": endpoint["properties"]["relabelings"]["items"]}
+    fields.update({name: endpoint["properties"][key] for name, key in _ENDPOINT_FIELDS.items()})
+    out = {}
+    for name, source in fields.items():
+        definition = _strip(source, keep_descriptions=False)
+        _close_objects(definition)
+        out[f"monitoring.coreos.com.{name}"] = definition
+    return out
 
 
 def build(current: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +158,7 @@ def build(current: dict[str, Any]) -> dict[str, Any]:
     defs: dict[str, Any] = dict(kept)
     sidecar_defs, _ = sidecar_definitions()
     defs.update(sidecar_defs)
-    defs.update(relabel_definition())
+    defs.update(monitoring_definitions())
     hand = {k: v for k, v in schema.items() if k != "definitions"}
     roots = {r for r in _refs([hand, kept]) if r.startswith(_K8S_PREFIX)}
     roots.add("io.k8s.api.core.v1.Volume")  # k8s.VolumeSource derives from it

@@ -80,11 +80,6 @@ app.kubernetes.io/component: vllm
 {{- end -}}
 {{- end -}}
 
-{{/* The port the sidecar serves /metrics, /healthz and /readyz on. */}}
-{{- define "sidecar.httpPort" -}}
-{{- dig "http" "port" 9108 .Values.config | int -}}
-{{- end -}}
-
 {{/* Secret env vars the chart renders, variable name to value (empty values left out). */}}
 {{- define "sidecar.secretEnv" -}}
 {{- $s := .Values.secrets -}}
@@ -127,7 +122,12 @@ integers in exponent form, which YAML readers take for strings.
 {{- $url := printf "http://%s:%d/v1" (include "sidecar.vllmName" .) (int .Values.vllm.service.port) -}}
 {{- $_ := set $defaults "scoring" (dict "vllm" (dict "base_url" $url "base_model" .Values.vllm.servedModelName)) -}}
 {{- end -}}
-{{- mergeOverwrite $defaults (deepCopy (.Values.config | default dict)) | toPrettyJson -}}
+{{- $config := mergeOverwrite $defaults (deepCopy (.Values.config | default dict)) -}}
+{{- $listeners := include "sidecar.listenerConfig" . | fromJson -}}
+{{- if $listeners -}}
+{{- $_ := set $config "http" (mergeOverwrite (deepCopy (dig "http" dict $config)) $listeners) -}}
+{{- end -}}
+{{- $config | toPrettyJson -}}
 {{- end -}}
 
 {{/* Guards that the schema cannot express. */}}
@@ -146,4 +146,5 @@ integers in exponent form, which YAML readers take for strings.
 {{- if gt (int .Values.autoscaling.keda.minReplicas) (int .Values.autoscaling.keda.maxReplicas) -}}
 {{- fail "autoscaling.keda.minReplicas must not exceed autoscaling.keda.maxReplicas" -}}
 {{- end -}}
+{{- include "sidecar.listenersValidate" . -}}
 {{- end -}}
