@@ -101,7 +101,14 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     tl.add_argument("--rank", type=positive_int, default=8)
     tl.add_argument("--epochs", type=float, default=3.0)
     tl.add_argument("--lr", type=float, default=2e-4)
-    tl.add_argument("--batch-size", type=positive_int, default=8)
+    tl.add_argument("--batch-size", type=positive_int, default=8, help="sequences per optimiser step")
+    tl.add_argument(
+        "--micro-batch-size",
+        type=positive_int,
+        default=None,
+        help="sequences per forward/backward pass, at most --batch-size; gradients are accumulated "
+        "to the same update (1-2 fits an 8B base on a 24 GiB GPU); default: --batch-size",
+    )
     tl.add_argument("--max-context-tokens", type=positive_int, default=512)
     tl.add_argument("--max-per-dataset", type=positive_int, default=None)
     tl.add_argument("--max-steps", type=positive_int, default=None)
@@ -214,6 +221,13 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "train-lora":
+        from adapters.training.recipe import check_micro_batch
+
+        try:
+            check_micro_batch(args.batch_size, args.micro_batch_size)
+        except ValueError as exc:
+            parser.error(str(exc))
     # stdout carries the command's JSON result; logs go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     try:
@@ -290,6 +304,7 @@ def _run(args: argparse.Namespace) -> object:
             epochs=args.epochs,
             learning_rate=args.lr,
             batch_size=args.batch_size,
+            micro_batch_size=args.micro_batch_size,
             max_context_tokens=args.max_context_tokens,
             seed=args.seed,
             loss_on=args.loss_on,

@@ -26,6 +26,28 @@ def _row(title: str, m: dict[str, Any] | None) -> str:
     )
 
 
+def training_line(train: dict[str, Any]) -> str:
+    """Steps, batch and its micro-batches, throughput and peak memory of the training step."""
+    if "tokens_per_second" not in train:  # a training step recorded before these were measured
+        return f"Training: {train.get('steps', '-')} steps in {train.get('train_seconds', '-')} s."
+    mem = train["memory"]
+    if mem["kind"] == "gpu":
+        where = (
+            f"peak GPU memory {mem['peak_allocated_gib']} GiB allocated, {mem['peak_reserved_gib']} GiB reserved "
+            f"of {mem['device_total_gib']} GiB ({mem['device']})"
+        )
+        allocator = train.get("cuda_allocator")
+        if allocator:
+            where += f"; allocator `{allocator['variable']}={allocator['value']}` ({allocator['source']})"
+    else:
+        where = f"on CPU, peak resident memory of the process {mem['peak_rss_gib']} GiB (no GPU figures)"
+    return (
+        f"Training: {train['steps']} steps in {train['train_seconds']} s, micro-batches of "
+        f"{train['micro_batch_size']} ({train['gradient_accumulation_steps']} per optimiser step), "
+        f"{train['tokens_per_second']:g} tokens/s; {where}."
+    )
+
+
 def markdown(doc: dict[str, Any]) -> str:
     v, s, data = doc["validation"], doc["serve"], doc["split"]
     after, before = v["after"], v["before"]
@@ -41,6 +63,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f"held back, {data['general']} general ones mixed in). Validation: the truncation protocol on the "
         f"held-back slice, label-free ({after['examples']} examples from {after['conversations']} conversations; "
         "each whole = complete, cut after a random earlier turn = incomplete).",
+        "",
+        training_line(doc["train"]),
         "",
         "| rule | P(c) | R(c) | F1(c) | F1(i) | acc |",
         "|---|---|---|---|---|---|",

@@ -1,4 +1,4 @@
-"""Shared training loop: padded batches, loss on labelled positions, resumable checkpoints."""
+"""Shared training loop: padded batches, loss on labelled positions, gradient accumulation, resumable checkpoints."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any
 import structlog
 import torch
 from tqdm import tqdm
+
+from adapters.training.recipe import check_micro_batch
 
 log = structlog.get_logger()
 
@@ -39,6 +41,7 @@ class LoopConfig:
     checkpoint_every_steps: int
     grad_clip: float = 1.0
     max_steps: int | None = None
+    micro_batch_size: int | None = None  # None: the whole batch in one pass (see accumulate_gradients)
 
 
 def set_seed(seed: int) -> None:
@@ -67,16 +70,63 @@ def collate(batch: Sequence[TrainSeq], pad_id: int) -> dict[str, torch.Tensor]:
 
 def weighted_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Next-token cross-entropy, each label weighted; IGNORE labels count for nothing."""
+    return lm_loss_sum(model, batch) / loss_weight(batch).clamp_min(1e-6)
+
+
+def loss_weight(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The denominator of the batch's mean loss: the summed weight of its labelled positions.
+
+    Unweighted, that is the number of labelled positions after the shift (what a Hugging Face
+    model's own ``loss`` averages over); with weights, their sum there (``weighted_lm_loss``).
+    """
+    labelled = batch["labels"][:, 1:] != IGNORE
+    if "weights" not in batch:
+        return labelled.sum().float()
+    return (batch["weights"][:, 1:] * labelled).sum()
+
+
+def lm_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The weighted *sum* of next-token cross-entropies (weights 1 when the batch has none)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     labels = batch["labels"][:, 1:]
-    weights = batch["weights"][:, 1:] * (labels != IGNORE)
+    labelled = labels != IGNORE
+    weights = batch["weights"][:, 1:] * labelled if "weights" in batch else labelled.float()
     ce = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
         labels.reshape(-1),
         ignore_index=IGNORE,
         reduction="none",
     )
-    return (ce * weights.reshape(-1)).sum() / weights.sum().clamp_min(1e-6)
+    return (ce * weights.reshape(-1)).sum()
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    batch: Sequence[TrainSeq],
+    pad_id: int,
+    micro_batch_size: int,
+    *,
+    device: str = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+) -> float:
+    """Backpropagate ``batch`` in slices of ``micro_batch_size``; returns the batch's mean loss.
+
+    The loss is a mean over the whole batch's labelled positions (weighted), so every slice's
+    summed loss is divided by the *batch's* total weight, not its own: the gradients then add up to
+    exactly the full batch's, whatever the slices hold (an uneven last slice, slices with more or
+    fewer labels). Averaging per-slice means instead would weight a label by its slice's size.
+    """
+    denominator = float(loss_weight(collate(batch, pad_id)).clamp_min(1e-6))
+    total = 0.0
+    for start in range(0, len(batch), micro_batch_size):
+        inputs = {k: v.to(device) for k, v in collate(batch[start : start + micro_batch_size], pad_id).items()}
+        with torch.autocast(
+            device_type=device.split(":", maxsplit=1)[0], dtype=autocast_dtype, enabled=autocast_dtype is not None
+        ):
+            loss_sum = lm_loss_sum(model, inputs)
+        torch.autograd.backward(loss_sum / denominator)
+        total += float(loss_sum.detach())
+    return total / denominator
 
 
 def _batches(data: Sequence[TrainSeq], batch_size: int, epoch: int, seed: int) -> list[list[TrainSeq]]:
@@ -103,7 +153,12 @@ def train_loop(
     device: str = "cpu",
     autocast_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
-    """Train; resume from ``checkpoint_path`` if it exists. Returns loss history and timings."""
+    """Train; resume from ``checkpoint_path`` if it exists. Returns loss history, timings, throughput.
+
+    ``tokens`` counts the input ids trained on by this call (padding excluded; after a resume, only
+    the steps run now); ``tokens_per_second`` divides it by this call's training time.
+    """
+    micro = check_micro_batch(cfg.batch_size, cfg.micro_batch_size)
     set_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params)
@@ -127,6 +182,7 @@ def train_loop(
         step, history = int(state["step"]), list(state["history"])
         log.info("adapters.train.resumed", step=step)
     model.train()
+    tokens = 0
     t0 = time.monotonic()
     bar = tqdm(total=total, initial=step, desc="train", unit="step")
     epoch = step // steps_per_epoch
@@ -137,16 +193,12 @@ def train_loop(
                 break
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
-            inputs = {k: v.to(device) for k, v in collate(batch, pad_id).items()}
-            with torch.autocast(
-                device_type=device.split(":", maxsplit=1)[0], dtype=autocast_dtype, enabled=autocast_dtype is not None
-            ):
-                loss = weighted_lm_loss(model, inputs) if "weights" in inputs else model(**inputs).loss
-            loss.backward()
+            loss = accumulate_gradients(model, batch, pad_id, micro, device=device, autocast_dtype=autocast_dtype)
+            tokens += sum(len(seq.input_ids) for seq in batch)
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            history.append(float(loss.detach()))
+            history.append(loss)
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{sum(history[-20:]) / len(history[-20:]):.3f}")
@@ -154,7 +206,14 @@ def train_loop(
                 _save(checkpoint_path, model, opt, step, history)
         epoch += 1
     bar.close()
-    return {"steps": step, "loss_history": history, "train_seconds": round(time.monotonic() - t0, 1)}
+    seconds = time.monotonic() - t0
+    return {
+        "steps": step,
+        "loss_history": history,
+        "train_seconds": round(seconds, 1),
+        "tokens": tokens,
+        "tokens_per_second": round(tokens / seconds, 1) if tokens else 0.0,
+    }
 
 
 def _save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, history: list[float]) -> None:

@@ -8,7 +8,9 @@ Sequence = ids(render(p_1, r_1, ..., p_n, r_n)) + [end tag], left-truncated to t
 ``--no-end-tag`` trains the same thing without the final end-tag id.
 
 On a GPU with a real base model (e.g. an 8B Llama) the same command works unchanged: the model
-is loaded in bfloat16, gradient checkpointing is enabled and training runs under bf16 autocast.
+is loaded in bfloat16, gradient checkpointing is enabled and training runs under bf16 autocast;
+the CUDA allocator uses expandable segments unless configured otherwise, and ``micro_batch_size``
+splits each batch into slices whose gradients are accumulated (the same update, less memory).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from adapters.data.tokenizer import END_TAG, encode_messages_with_offsets, load_
 from adapters.errors import DataError
 from adapters.serving.manifest import file_sha256, read_manifest, write_manifest
 from adapters.training.loop import IGNORE, LoopConfig, TrainSeq, train_loop
-from adapters.training.recipe import LOSS_MODES, LoraRecipe
+from adapters.training.recipe import LOSS_MODES, LoraRecipe, check_micro_batch
+from adapters.training.resources import configure_cuda_allocator, peak_memory, reset_peak_memory
 from sidecar.transcript.model import Message
 from sidecar.transcript.render import render_text
 
@@ -305,7 +308,8 @@ def train_lora(
     then replace the recipe's); ``min_steps`` raises the epochs so a small data set still gets that
     many optimiser steps.
     """
-    use_cuda = torch.cuda.is_available()
+    use_cuda = torch.cuda.is_available()  # counts devices; the caching allocator is not started yet
+    allocator = configure_cuda_allocator() if use_cuda else None
     device = "cuda" if use_cuda else "cpu"
     torch.manual_seed(recipe.seed)
     dtype = torch.bfloat16 if use_cuda else torch.float32
@@ -333,8 +337,11 @@ def train_lora(
         seed=recipe.seed,
         checkpoint_every_steps=25,
         max_steps=max_steps,
+        micro_batch_size=recipe.micro_batch_size,
     )
+    micro = check_micro_batch(recipe.batch_size, recipe.micro_batch_size)
     out_dir.mkdir(parents=True, exist_ok=True)
+    reset_peak_memory(device)
     result = train_loop(
         peft_model,
         seqs,
@@ -345,9 +352,19 @@ def train_lora(
         device=device,
         autocast_dtype=torch.bfloat16 if use_cuda else None,
     )
+    memory = peak_memory(device)
     peft_model.save_pretrained(str(out_dir), safe_serialization=True)
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)
     hist = result["loss_history"]
+    throughput = {
+        "micro_batch_size": micro,
+        "gradient_accumulation_steps": math.ceil(recipe.batch_size / micro),
+        "tokens": result["tokens"],
+        "tokens_per_second": result["tokens_per_second"],
+        "memory": memory,
+        "cuda_allocator": allocator,
+    }
+    log.info("adapters.lora.trained", **throughput)
     first, last = _mean(hist[:10]), _mean(hist[-10:])
     base_manifest = read_manifest(model_dir) if (model_dir / "manifest.json").exists() else {}
     write_manifest(
@@ -376,6 +393,7 @@ def train_lora(
             "epochs_run": round(epochs, 3),
             "min_steps": min_steps,
             "batch_size": recipe.batch_size,
+            "micro_batch_size": micro,
             "max_context_tokens": recipe.max_context_tokens,
             "optimizer": opt_name,
             "seed": recipe.seed,
@@ -393,6 +411,7 @@ def train_lora(
             "train_seconds": result["train_seconds"],
             "loss_first_10": first,
             "loss_last_10": last,
+            **throughput,
         },
     )
     return {
@@ -401,6 +420,7 @@ def train_lora(
         "train_seconds": result["train_seconds"],
         "loss_first_10": first,
         "loss_last_10": last,
+        **throughput,
     }
 
 

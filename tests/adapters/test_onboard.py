@@ -78,6 +78,11 @@ def test_onboard_trains_validates_exports_routes_and_resumes(
     assert report["validation"]["after"]["greedy"]["roc_auc"] > report["validation"]["before"]["greedy"]["roc_auc"]
     for name in ("report.md", "pend.png", "routing.yaml", "manifest.json"):
         assert (tmp_path / "ob" / name).stat().st_size > 0
+    train = report["train"]
+    assert train["micro_batch_size"] == 8 and train["gradient_accumulation_steps"] == 1
+    assert train["tokens"] > 0 and train["tokens_per_second"] > 0
+    assert train["memory"]["kind"] == "cpu" and train["memory"]["peak_rss_gib"] > 0
+    assert "tokens/s; on CPU, peak resident memory" in (tmp_path / "ob" / "report.md").read_text()
     patched = yaml.safe_load(config.read_text())["scoring"]
     agent = patched["agents"]["fresh-agent"]
     assert agent["adapter"] == result["served_name"] and agent["tree_sample_rate"] == 0.5
@@ -96,6 +101,11 @@ def test_onboard_trains_validates_exports_routes_and_resumes(
     assert _out(capsys)["trusted"] is (result["validation_f1"] >= 0.99)
     timings = json.loads((tmp_path / "ob" / "manifest.json").read_text())["steps"]
     assert timings["train"]["skipped"] and not timings["validate"]["skipped"]
+    # A smaller micro-batch computes the same update: the training done stands.
+    assert main([*argv, "--micro-batch-size", "2"]) == 0
+    assert _out(capsys)["served_name"] == result["served_name"]
+    timings = json.loads((tmp_path / "ob" / "manifest.json").read_text())["steps"]
+    assert timings["train"]["skipped"]
 
 
 @pytest.mark.parametrize(
