@@ -40,6 +40,8 @@ from sidecar.telemetry.stream_metrics import StreamMetrics
 if TYPE_CHECKING:
     from sidecar.alerting.sinks.base import AlertSink
     from sidecar.clustering.live import GoalClusterer
+    from sidecar.training_store.sink import TrainingStoreSink
+    from sidecar.training_store.topic import KafkaTrainingStoreSink
 
 log = structlog.get_logger(__name__)
 
@@ -104,9 +106,7 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
     if named:
         out.hooks = CompositeHooks(named)
     if config.training_store.enabled:
-        from sidecar.training_store.sink import TrainingStoreSink
-
-        store = TrainingStoreSink(config.training_store, registry, labels, redacted=config.state.redaction.enabled)
+        store = build_training_store(config, registry, labels)
         out.sinks.append(store)
         out.components.append(store)
         out.health.append(store)
@@ -128,6 +128,20 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
     out.components.append(escalations)
     out.health.append(escalations)
     return out
+
+
+def build_training_store(
+    config: SidecarConfig, registry: CollectorRegistry, labels: AgentLabels
+) -> TrainingStoreSink | KafkaTrainingStoreSink:
+    """The training store's backend: the fleet's topic, or this pod's directory."""
+    redacted = config.state.redaction.enabled
+    if config.training_store.backend == "kafka":
+        from sidecar.training_store.topic import KafkaTrainingStoreSink
+
+        return KafkaTrainingStoreSink(config.training_store, config.kafka, registry, labels, redacted=redacted)
+    from sidecar.training_store.sink import TrainingStoreSink
+
+    return TrainingStoreSink(config.training_store, registry, labels, redacted=redacted)
 
 
 def build_escalations(config: SidecarConfig, registry: CollectorRegistry, labels: AgentLabels) -> Escalations:

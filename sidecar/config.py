@@ -66,6 +66,9 @@ class SidecarConfig(BaseSettings):
             raise ValueError("alerting.sinks.kafka.topic must differ from the source, results and dead-letter topics")
         if self.otel.bridge.enabled and self.otel.bridge.topic in taken:
             raise ValueError("otel.bridge.topic must differ from the source, results and dead-letter topics")
+        store = self.training_store
+        if store.enabled and store.backend == "kafka" and store.topic_for(self.kafka.topic) in taken:
+            raise ValueError("training_store.topic must differ from the source, results and dead-letter topics")
         return self
 
     @classmethod

@@ -13,10 +13,10 @@ text is held in memory only up to ``max_total_bytes`` of record values.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -28,11 +28,98 @@ from sidecar.events import Event, decode_event
 from sidecar.kafka_clients import plaintext_client_kwargs
 from sidecar.transcript.dataset import ReadLimits, ReadStats
 
+if TYPE_CHECKING:
+    from sidecar.config import SidecarConfig
+
 log = structlog.get_logger()
 
 MAX_RECORD_BYTES = 8 * 1024 * 1024
 _POLL_MS = 1000
 _IDLE_POLLS = 10
+
+
+def connection(
+    spec: str, scheme: str, sidecar_config: Path | None, default_topic: Callable[[SidecarConfig], str]
+) -> tuple[dict[str, Any], str]:
+    """The client keywords and topic of ``SCHEME://HOST:PORT[,HOST:PORT]/TOPIC`` (plaintext) or
+    ``SCHEME:[TOPIC]`` with the sidecar's config file (its brokers, TLS and SASL; ``default_topic``
+    of that config when no topic is named)."""
+    rest = spec.removeprefix(f"{scheme}:")
+    if rest.startswith("//"):
+        parts = urlsplit(spec)
+        topic = parts.path.strip("/")
+        if not parts.netloc or not topic:
+            raise DataError(f"bad Kafka source {spec!r}: use {scheme}://HOST:PORT[,HOST:PORT]/TOPIC")
+        return plaintext_client_kwargs(parts.netloc), topic
+    if sidecar_config is None:
+        raise DataError(f"a '{scheme}:' source needs --sidecar-config (or use {scheme}://HOST:PORT/TOPIC)")
+    from sidecar.config import load_config
+    from sidecar.errors import ConfigError
+    from sidecar.kafka_clients import client_kwargs
+
+    try:
+        cfg = load_config(sidecar_config)
+    except ConfigError as exc:
+        raise DataError(str(exc)) from exc
+    return client_kwargs(cfg.kafka), rest.strip("/") or default_topic(cfg)
+
+
+async def read_topic(
+    client: dict[str, Any], topic: str, take: Callable[[Any], None], *, until_quiet: bool = False
+) -> None:
+    """Hand every record of ``topic`` (all partitions, from the beginning) to ``take``, up to the end
+    offsets the topic had when reading started, without a consumer group. ``until_quiet``: then
+    go on until one poll comes back empty (a broker that answers a low end offset, Tansu, still
+    gives its last batch whole). Raises :class:`DataError` for an unreachable cluster or a
+    missing topic."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import KafkaError
+
+    consumer = AIOKafkaConsumer(
+        **client,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=MAX_RECORD_BYTES,
+    )
+    where = f"{client.get('bootstrap_servers')}/{topic}"
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        raise DataError(f"cannot reach Kafka at {where}: {type(exc).__name__}") from exc
+    try:
+        # ``topics()`` fetches fresh metadata but leaves the consumer's own copy, which
+        # ``partitions_for_topic`` reads, as it was: refresh that one (aiokafka has no public call).
+        await consumer._client.force_metadata_update()
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            raise DataError(f"Kafka topic {topic!r} not found at {where}")
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        await _drain(consumer, tps, end, take)
+        while until_quiet:
+            batch = await consumer.getmany(timeout_ms=_POLL_MS, max_records=5000)
+            until_quiet = bool(batch)
+            for records in batch.values():
+                for rec in records:
+                    take(rec)
+    finally:
+        await consumer.stop()
+
+
+async def _drain(consumer: Any, tps: list[Any], end: dict[Any, int], take: Callable[[Any], None]) -> None:
+    idle = 0
+    while idle < _IDLE_POLLS:
+        positions = [await consumer.position(tp) for tp in tps]
+        if all(pos >= end[tp] for pos, tp in zip(positions, tps, strict=True)):
+            break
+        batch = await consumer.getmany(timeout_ms=_POLL_MS, max_records=5000)
+        idle = 0 if batch else idle + 1
+        for records in batch.values():
+            for rec in records:
+                take(rec)
 
 
 @dataclass
@@ -58,24 +145,8 @@ class KafkaSource:
     def from_spec(
         cls, name: str, spec: str, *, agent: str | None, limits: ReadLimits, sidecar_config: Path | None
     ) -> KafkaSource:
-        rest = spec.removeprefix("kafka:")
-        if rest.startswith("//"):
-            parts = urlsplit(spec)
-            topic = parts.path.strip("/")
-            if not parts.netloc or not topic:
-                raise DataError(f"bad Kafka source {spec!r}: use kafka://HOST:PORT[,HOST:PORT]/TOPIC")
-            return cls(name, plaintext_client_kwargs(parts.netloc), topic, agent, limits)
-        if sidecar_config is None:
-            raise DataError("a 'kafka:' source needs --sidecar-config (or use kafka://HOST:PORT/TOPIC)")
-        from sidecar.config import load_config
-        from sidecar.errors import ConfigError
-        from sidecar.kafka_clients import client_kwargs
-
-        try:
-            cfg = load_config(sidecar_config)
-        except ConfigError as exc:
-            raise DataError(str(exc)) from exc
-        return cls(name, client_kwargs(cfg.kafka), rest.strip("/") or cfg.kafka.topic, agent, limits)
+        client, topic = connection(spec, "kafka", sidecar_config, lambda cfg: cfg.kafka.topic)
+        return cls(name, client, topic, agent, limits)
 
     def describe(self) -> dict[str, Any]:
         servers = self.client.get("bootstrap_servers", "")
@@ -119,48 +190,8 @@ class KafkaSource:
         return Conversation(cid, conv.agent or "default", cid, tuple(m for m in messages if m is not None))
 
     async def _read(self) -> dict[str, _Pending]:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
-        from aiokafka.errors import KafkaError
-
-        consumer = AIOKafkaConsumer(
-            **self.client,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=MAX_RECORD_BYTES,
-        )
-        where = f"{self.client.get('bootstrap_servers')}/{self.topic}"
-        try:
-            await consumer.start()
-        except KafkaError as exc:
-            raise DataError(f"cannot reach Kafka at {where}: {type(exc).__name__}") from exc
-        try:
-            # ``topics()`` fetches fresh metadata but leaves the consumer's own copy, which
-            # ``partitions_for_topic`` reads, as it was: refresh that one (aiokafka has no public call).
-            await consumer._client.force_metadata_update()
-            parts = consumer.partitions_for_topic(self.topic)
-            if not parts:
-                raise DataError(f"Kafka topic {self.topic!r} not found at {where}")
-            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            end = await consumer.end_offsets(tps)
-            return await self._drain(consumer, tps, end)
-        finally:
-            await consumer.stop()
-
-    async def _drain(self, consumer: Any, tps: list[Any], end: dict[Any, int]) -> dict[str, _Pending]:
         pending: dict[str, _Pending] = {}
-        idle = 0
-        while idle < _IDLE_POLLS:
-            positions = [await consumer.position(tp) for tp in tps]
-            if all(pos >= end[tp] for pos, tp in zip(positions, tps, strict=True)):
-                break
-            batch = await consumer.getmany(timeout_ms=_POLL_MS, max_records=5000)
-            idle = 0 if batch else idle + 1
-            for records in batch.values():
-                for rec in records:
-                    self._take(pending, rec)
+        await read_topic(self.client, self.topic, lambda rec: self._take(pending, rec))
         return pending
 
     def _take(self, pending: dict[str, _Pending], rec: Any) -> None:

@@ -11,6 +11,10 @@ of ``{role, content, tool_calls?, name?}``, optional ``source`` and ``meta``):
 - a Kafka topic of contract-v1 events: ``kafka://HOST:PORT[,HOST:PORT]/TOPIC``, or ``kafka:``
   with the sidecar's own config file (its brokers, security and source topic); see
   :mod:`adapters.data.kafka_source`.
+- the fleet's training topic (``training_store.backend: kafka``):
+  ``kafka-training://HOST:PORT[,HOST:PORT]/TOPIC``, or ``kafka-training:`` with the sidecar's
+  config file (its brokers, security and training topic); one conversation per key, the newest
+  ``newest`` per agent; see :mod:`adapters.data.training_topic`.
 
 ``NAME=SPEC`` names a source explicitly; otherwise the name is the file's stem or the directory's
 name. No list of known names exists anywhere: any name is a data set.
@@ -194,12 +198,27 @@ def open_source(
     agent: str | None = None,
     limits: ReadLimits | None = None,
     sidecar_config: Path | None = None,
+    newest: int | None = None,
 ) -> Source:
-    """The source a spec names (see the module docstring); raises :class:`DataError` if none."""
+    """The source a spec names (see the module docstring); raises :class:`DataError` if none.
+
+    ``newest``: a source that can hold only its newest conversations per agent while reading (the
+    training topic) keeps that many; the others ignore it."""
     limits = limits or source_limits(MAX_TOTAL_BYTES)
     explicit, target = _split_name(spec.strip())
     if not target:
         raise DataError("empty source spec")
+    if target.startswith("kafka-training:"):
+        from adapters.data.training_topic import TrainingTopicSource
+
+        return TrainingTopicSource.from_spec(
+            check_name(explicit or agent or "kafka-training"),
+            target,
+            agent=agent,
+            limits=limits,
+            sidecar_config=sidecar_config,
+            newest=newest,
+        )
     if target.startswith("kafka:"):
         from adapters.data.kafka_source import KafkaSource
 
@@ -219,7 +238,7 @@ def open_source(
     where = f" (looked in {datasets_dir})" if datasets_dir is not None else ""
     raise DataError(
         f"no conversations at {target!r}{where}: give a JSONL file, a directory of them, "
-        "a training store, or kafka://HOST:PORT/TOPIC"
+        "a training store, kafka://HOST:PORT/TOPIC or kafka-training://HOST:PORT/TOPIC"
     )
 
 

@@ -40,6 +40,7 @@ _RECIPE_FLAGS = {
     "decision_windows": "decision_windows",
     "forgery_windows": "forgery_windows",
     "batch_size": "batch_size",
+    "micro_batch_size": "micro_batch_size",
     "rank": "rank",
     "loss_on": "loss_on",
     "decision_weight": "decision_weight",
@@ -82,8 +83,9 @@ def add_parser(sub: Any) -> None:
         action="append",
         required=True,
         metavar="SPEC",
-        help="JSONL file or directory, training store (DIR or DIR/<agent>), kafka://HOST:PORT/TOPIC "
-        "or kafka: with --sidecar-config; repeat to combine",
+        help="JSONL file or directory, training store (DIR or DIR/<agent>), the fleet's training topic "
+        "(kafka-training://HOST:PORT/TOPIC, or kafka-training: with --sidecar-config), an event topic "
+        "(kafka://HOST:PORT/TOPIC, or kafka: with --sidecar-config); repeat to combine",
     )
     on.add_argument("--out", type=Path, required=True, help="working directory: steps, adapter, report")
     on.add_argument("--base", type=Path, default=None, help="base model dir (default: the bundled base)")
@@ -105,6 +107,13 @@ def add_parser(sub: Any) -> None:
     ):
         default = ONBOARD_DEFAULTS.get(_RECIPE_FLAGS[flag.replace("-", "_")], "the initial adapter's own recipe")
         on.add_argument(f"--{flag}", type=typ, default=None, help=f"default: {default}")
+    on.add_argument(
+        "--micro-batch-size",
+        type=positive_int,
+        default=None,
+        help="sequences per forward/backward pass, at most the batch size; gradients are accumulated "
+        "to the same update (1-2 fits an 8B base on a 24 GiB GPU); default: the whole batch",
+    )
     on.add_argument(
         "--loss-on",
         choices=("target", "conversation", "decisions"),
@@ -144,7 +153,9 @@ def add_parser(sub: Any) -> None:
     on.add_argument("--vllm-url", default=None, help="load the adapter into this running vLLM")
     on.add_argument("--served-path", type=Path, default=None, help="the adapter dir as the vLLM server sees it")
     on.add_argument("--config", type=Path, default=None, help="sidecar YAML to patch with the routing")
-    on.add_argument("--sidecar-config", type=Path, default=None, help="Kafka settings for a kafka: source")
+    on.add_argument(
+        "--sidecar-config", type=Path, default=None, help="Kafka settings for a kafka: or kafka-training: source"
+    )
     on.add_argument("--max-input-bytes", type=positive_int, default=4 * 1024**3)
     on.add_argument("--seed", type=int, default=0)
     on.add_argument(
@@ -162,7 +173,8 @@ def inherited_recipe(init_adapter: Path | None, overrides: dict[str, Any] | None
     if init_adapter is not None and (init_adapter / "manifest.json").exists():
         manifest = read_manifest(init_adapter)
         hyper = manifest.get("training", manifest).get("hyperparameters", {})
-        known = {f.name for f in fields(LoraRecipe)}
+        # The micro-batch size fitted the memory of the machine that trained it, not this one.
+        known = {f.name for f in fields(LoraRecipe)} - {"micro_batch_size"}
         values: dict[str, Any] = {k: (tuple(v) if k == "target_modules" else v) for k, v in hyper.items() if k in known}
         recipe = replace(recipe, **values)
     return replace(recipe, **(overrides or {}))
@@ -182,13 +194,17 @@ def spec_from_args(args: argparse.Namespace) -> OnboardSpec:
     for path, what in ((base, "base model"), (init, "initial adapter")):
         if path is not None and not path.is_dir():
             raise DataError(f"no {what} at {path}")
+    try:
+        recipe = inherited_recipe(init, {**ONBOARD_DEFAULTS, **_given(args)})
+    except ValueError as exc:  # e.g. a micro-batch larger than the (inherited) batch
+        raise DataError(str(exc)) from None
     return OnboardSpec(
         agent=args.agent,
         sources=tuple(args.source),
         out=args.out,
         base=base,
         init_adapter=init,
-        recipe=inherited_recipe(init, {**ONBOARD_DEFAULTS, **_given(args)}),
+        recipe=recipe,
         min_steps=args.min_steps,
         mix=tuple(args.mix),
         mix_ratio=args.mix_ratio,

@@ -153,7 +153,7 @@ def collect(spec: OnboardSpec, specs: tuple[str, ...], *, cap: int, dest: Path) 
     described = []
     no_user = 0
     for s in specs:
-        source = open_source(s, agent=spec.agent, limits=limits, sidecar_config=spec.sidecar_config)
+        source = open_source(s, agent=spec.agent, limits=limits, sidecar_config=spec.sidecar_config, newest=cap)
         for conv in tqdm(source.conversations(), desc=f"read {source.name}", unit="conv", leave=False):
             if not any(m.role == "user" for m in conv.messages):
                 no_user += 1
@@ -374,10 +374,13 @@ def run_onboarding(spec: OnboardSpec) -> dict[str, Any]:
     data = out / "data"
     steps = Steps(out)
     fields = spec.fingerprint_fields()
+    # How a batch is fed to the device changes no result: a run that ran out of GPU memory resumes
+    # its training checkpoint with a smaller micro-batch, and a finished one is not redone.
+    inputs = {**fields, "recipe": {k: v for k, v in fields["recipe"].items() if k != "micro_batch_size"}}
     bar = tqdm(total=len(STEPS), desc=f"onboard {spec.agent}", unit="step")
 
     def step(name: str, keys: tuple[str, ...], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        result = steps.run(name, {k: fields[k] for k in keys}, fn)
+        result = steps.run(name, {k: inputs[k] for k in keys}, fn)
         bar.update(1)
         return result
 
@@ -407,7 +410,7 @@ def run_onboarding(spec: OnboardSpec) -> dict[str, Any]:
         )
         # With a server named, loading is redone on every run (idempotent, and the server may have
         # restarted since); without one, the restart command is all there is to give.
-        fields["serve_attempt"] = time.time() if spec.vllm_url else None
+        fields["serve_attempt"] = inputs["serve_attempt"] = time.time() if spec.vllm_url else None
         srv = step(
             "serve",
             ("vllm_url", "served_path", "serve_attempt"),

@@ -1,4 +1,4 @@
-"""``TrainingStoreSink``: the post-score sink that keeps finished conversations for onboarding.
+"""``TrainingStoreSink``: the post-score sink that keeps finished conversations for onboarding (file backend).
 
 On each ``conversation_ended`` effect whose ending counts as finished (``end_reasons``) and whose
 agent is selected, the conversation's messages (the state's own copy, so already redacted when
@@ -87,8 +87,32 @@ def conversation_record(ctx: TurnContext, agent: str, redacted: bool) -> dict[st
     }
 
 
+def admitted(
+    ctx: TurnContext,
+    config: TrainingStoreConfig,
+    selected: frozenset[str],
+    metrics: TrainingStoreMetrics,
+    labels: AgentLabels,
+) -> str | None:
+    """The agent whose store keeps this context, or None: not a finished conversation, an agent not
+    selected (not counted: not ours), an ending that does not count or too few user turns (counted)."""
+    if ctx.kind != "conversation_ended":
+        return None
+    agent = ctx.agent or DEFAULT_AGENT
+    if selected and agent not in selected:
+        return None
+    if ctx.end_reason not in config.end_reasons:
+        metrics.conversations.labels(labels(ctx.agent), "end_reason").inc()
+        return None
+    if count_turns(ctx.messages) < config.min_user_turns:
+        metrics.conversations.labels(labels(ctx.agent), "too_short").inc()
+        return None
+    return agent
+
+
 class TrainingStoreSink:
-    """An :class:`~sidecar.stage.pipeline.OutcomeSink`, a component and a health reporter."""
+    """The file backend: an :class:`~sidecar.stage.pipeline.OutcomeSink`, a component and a health
+    reporter (the kafka backend is :class:`~sidecar.training_store.topic.KafkaTrainingStoreSink`)."""
 
     name = "training_store"
 
@@ -131,18 +155,10 @@ class TrainingStoreSink:
 
     def offer(self, effect: Effect) -> Awaitable[None] | None:
         ctx = effect.ctx
-        if ctx.kind != "conversation_ended":
-            return None
-        agent = ctx.agent or DEFAULT_AGENT
-        if self._selected and agent not in self._selected:
+        agent = admitted(ctx, self._cfg, self._selected, self.metrics, self._labels)
+        if agent is None:
             return None
         label = self._labels(ctx.agent)
-        if ctx.end_reason not in self._cfg.end_reasons:
-            self._count_result(label, "end_reason")
-            return None
-        if count_turns(ctx.messages) < self._cfg.min_user_turns:
-            self._count_result(label, "too_short")
-            return None
         if ctx.conversation_id in self._written:
             self._count_result(label, "duplicate")
             return None

@@ -50,7 +50,10 @@ async def _offer(sink: TrainingStoreSink, effect: Effect) -> None:
 
 def test_config_requires_a_directory_and_coherent_bounds() -> None:
     with pytest.raises(ValidationError, match="directory"):
-        TrainingStoreConfig(enabled=True)
+        TrainingStoreConfig(enabled=True, backend="file")
+    assert TrainingStoreConfig(enabled=True).backend == "kafka"  # the fleet's topic by default
+    # A config written for the file store (a directory, no backend) keeps it.
+    assert TrainingStoreConfig.model_validate({"enabled": True, "directory": "/x"}).backend == "file"
     with pytest.raises(ValidationError, match="max_file_bytes"):
         TrainingStoreConfig(max_bytes_per_agent=10_000, max_file_bytes=20_000)
     with pytest.raises(ValidationError, match="agent names"):
