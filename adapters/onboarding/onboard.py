@@ -332,6 +332,7 @@ def validate(spec: OnboardSpec, data: Path, trained: Path) -> dict[str, Any]:
 
 
 def export(spec: OnboardSpec, trained: Path, dest: Path, validation: dict[str, Any]) -> dict[str, Any]:
+    from adapters.onboarding.baseline import drift_baseline
     from adapters.serving.export import export_adapter
 
     exported = export_adapter(trained, dest, spec.base_model_name, max_lora_rank=max(8, spec.recipe.rank))
@@ -358,6 +359,7 @@ def export(spec: OnboardSpec, trained: Path, dest: Path, validation: dict[str, A
             "conversations": after["conversations"],
             "greedy_f1_complete": after["greedy"]["complete"]["f1"],
             "roc_auc": after["greedy"]["roc_auc"],
+            "baseline": drift_baseline(validation),
         },
     )
     return {**exported, "served_name": name, "adapter_dir": str(dest), "adapter_sha256": sha}

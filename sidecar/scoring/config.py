@@ -3,15 +3,16 @@
 Sections: ``vllm`` (endpoint, timeouts, one retry layer, circuit breaker, concurrency: the shared
 :class:`~sidecar.llm.config.LlmEndpointConfig` plus vLLM's own settings),
 ``tokenizer`` (where the served model's tokenizer comes from), ``agents`` (per-agent LoRA adapter
-routing, sampling rates and budgets), ``completion`` and ``tree`` (the two scorers). PII redaction
-is not here: it applies where text enters the sidecar (``state.redaction``). Env vars follow the
-root tree, e.g.
+routing, sampling rates, budgets, drift baselines), ``completion`` and ``tree`` (the two scorers),
+``drift`` (live verdicts against the adapters' validation). PII redaction is not here: it applies
+where text enters the sidecar (``state.redaction``). Env vars follow the root tree, e.g.
 ``SIDECAR_SCORING__VLLM__BASE_URL``.
 """
 
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -98,6 +99,64 @@ class TokenizerConfig(BaseModel):
     )
 
 
+class DriftBaselineConfig(BaseModel):
+    """What an agent's adapter did on its held-back conversations: the reference of its drift."""
+
+    model_config = _frozen
+
+    completion_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Share of whole held-back conversations the adapter's rule called complete.",
+    )
+    p_end_quantiles: tuple[float, ...] = Field(
+        (),
+        max_length=101,
+        description="P(end) of the whole held-back conversations at evenly spaced levels 0, 1/(n-1), ..., 1 "
+        "(n >= 2 values, non-decreasing, in [0, 1]); empty: no P(end) drift.",
+    )
+    untrusted_share: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Expected share of verdicts from an adapter not trusted for the agent (0 for a validated one).",
+    )
+
+    @model_validator(mode="after")
+    def _quantiles_are_a_distribution(self) -> DriftBaselineConfig:
+        q = self.p_end_quantiles
+        if q and len(q) < 2:
+            raise ValueError("p_end_quantiles needs at least 2 values (levels 0 and 1)")
+        if any(not (math.isfinite(x) and 0 <= x <= 1) for x in q):
+            raise ValueError("p_end_quantiles must lie in [0, 1]")
+        if any(b < a for a, b in pairwise(q)):
+            raise ValueError("p_end_quantiles must be non-decreasing")
+        return self
+
+
+class DriftConfig(BaseModel):
+    """Per-agent drift of the live verdicts from the adapter's validation baseline."""
+
+    model_config = _frozen
+
+    enabled: bool = Field(True, description="Track drift for agents with a baseline (config or manifest).")
+    window_verdicts: int = Field(
+        256, ge=8, le=10_000, description="Final verdicts per agent in the sliding window (memory is bounded by it)."
+    )
+    min_verdicts: int = Field(
+        30, ge=1, description="Drift is exported once an agent's window holds this many verdicts."
+    )
+
+    @model_validator(mode="after")
+    def _min_fits_the_window(self) -> DriftConfig:
+        if self.min_verdicts > self.window_verdicts:
+            raise ValueError("drift.min_verdicts must not exceed drift.window_verdicts")
+        return self
+
+
 class AgentConfig(BaseModel):
     """Per-agent routing and budgets."""
 
@@ -128,6 +187,11 @@ class AgentConfig(BaseModel):
         None,
         description="The adapter's manifest.json (as exported by `adapters`): its recorded validation is read from it "
         "at start when validation_f1 is not set.",
+    )
+    baseline: DriftBaselineConfig | None = Field(
+        None,
+        description="The adapter's validation baseline for drift; none: the `baseline` of adapter_manifest's "
+        "validation, if any.",
     )
     tree_model: str | None = Field(None, description="Served name used for response trees; default: the base model.")
     completion_sample_rate: float = Field(1.0, ge=0, le=1, description="Fraction of turns scored.")
@@ -241,6 +305,7 @@ class ScoringConfig(BaseModel):
     completion: CompletionConfig = Field(default_factory=CompletionConfig)
     tree: TreeConfig = Field(default_factory=TreeConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    drift: DriftConfig = Field(default_factory=DriftConfig)
     max_logprobs: int = Field(
         20, ge=1, le=1000, description="The server's --max-logprobs (asking for more is a 400 from vLLM)."
     )

@@ -9,7 +9,8 @@ what to score, when, and what a failure becomes.
 * ``on_turn_closed`` -> completion score of c_k (the turn that closed).
 * ``on_conversation_ended`` -> the final completion verdict and
   ``sidecar_conversations_ended_total{agent,outcome,goal}``; a verdict already computed for the
-  same prefix (the last turn closed just before the end) is reused, not recomputed.
+  same prefix (the last turn closed just before the end) is reused, not recomputed. Final verdicts
+  also feed the agent's drift window (:mod:`~sidecar.scoring.drift`).
 
 Every hook returns at once: the outcome itself when no model call is needed (disabled, sampled out,
 token budget spent), else a coroutine the processor tracks as a pending effect. Inside it,
@@ -35,6 +36,7 @@ from sidecar.lifecycle import Health
 from sidecar.scoring.client import LLMClient
 from sidecar.scoring.completion import CompletionScore, with_threshold
 from sidecar.scoring.config import AgentConfig, ScoringConfig
+from sidecar.scoring.drift import DriftTracker
 from sidecar.scoring.metrics import ScoringMetrics
 from sidecar.scoring.prompts import PromptTooLong
 from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
@@ -72,6 +74,7 @@ class ScoringHooks:
         *,
         goal_labeler: GoalLabeler | None = None,
         agent_labels: AgentLabels | None = None,
+        drift: DriftTracker | None = None,
     ) -> None:
         self.scorers = scorers
         self.config = scorers.config
@@ -79,6 +82,7 @@ class ScoringHooks:
         self._labels = agent_labels or AgentLabels(self.config.agents)
         self.trust.publish_configured(self._labels)
         self._goal = goal_labeler or _unknown_goal
+        self.drift = drift
         self._budgets: dict[str, TokenBucket] = {}
         self._slots: dict[str, Slots] = {}
         self._latest_turn: LruCache[str, int] = LruCache(_LATEST_TURNS)
@@ -96,7 +100,8 @@ class ScoringHooks:
         agent_labels: AgentLabels | None = None,
     ) -> ScoringHooks:
         """The live hooks for ``config``: its metrics on ``registry``, scorers on ``client`` (used as
-        given) or on a :class:`~sidecar.scoring.client.VllmClient` they own, the trusted gauge wired."""
+        given) or on a :class:`~sidecar.scoring.client.VllmClient` they own, the trusted gauge wired, final
+        verdicts tracked for drift (:mod:`~sidecar.scoring.drift`)."""
         metrics = ScoringMetrics(registry)
 
         def gauge(label: str, value: float) -> None:
@@ -106,7 +111,8 @@ class ScoringHooks:
             scorers = Scorers.from_config(config, registry, tokenizer=tokenizer, trust_gauge=gauge)
         else:
             scorers = Scorers(config, client, tokenizer=tokenizer, trust_gauge=gauge)
-        return cls(scorers, metrics, goal_labeler=goal_labeler, agent_labels=agent_labels)
+        drift = DriftTracker(config.drift, registry)
+        return cls(scorers, metrics, goal_labeler=goal_labeler, agent_labels=agent_labels, drift=drift)
 
     @property
     def trust(self) -> AdapterTrust:
@@ -234,6 +240,10 @@ class ScoringHooks:
                 raise
             outcome = "complete" if score.complete else "incomplete"
             self.metrics.conversations_ended.labels(label, outcome, goal).inc()
+            if self.drift is not None:
+                untrusted = not self.trust.route(ctx.agent).trusted
+                cfg = self.config.agent(ctx.agent)
+                self.drift.observe(label, cfg, p_end=score.p_end, complete=score.complete, untrusted=untrusted)
             return Scored(
                 {**self._outcome(ctx, score), "final": True, "goal": goal},
                 [self._completion_event(ctx, score, final=True)],

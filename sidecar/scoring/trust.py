@@ -58,18 +58,28 @@ class AgentRoute:
         return {"completion_source": self.source, "adapter": self.adapter, "completion_rule": self.rule}
 
 
-def manifest_f1(path: Path) -> tuple[float | None, str]:
-    """The validation F1 recorded in an exported adapter's manifest, and why it could not be read."""
+def manifest_validation(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """The ``validation`` section of an exported adapter's manifest, or why it could not be read."""
     try:
         if path.is_dir():
             path = path / "manifest.json"
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             return None, "manifest too large"
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         return None, f"manifest unreadable ({type(exc).__name__})"
     validation = doc.get("validation") if isinstance(doc, dict) else None
-    f1 = validation.get("f1_complete") if isinstance(validation, dict) else None
+    if not isinstance(validation, dict):
+        return None, "no validation in the manifest"
+    return validation, "manifest"
+
+
+def manifest_f1(path: Path) -> tuple[float | None, str]:
+    """The validation F1 recorded in an exported adapter's manifest, and why it could not be read."""
+    validation, why = manifest_validation(path)
+    if validation is None:
+        return None, why
+    f1 = validation.get("f1_complete")
     if isinstance(f1, int | float) and not isinstance(f1, bool) and 0 <= f1 <= 1:
         return float(f1), "manifest"
     return None, "no validation in the manifest"

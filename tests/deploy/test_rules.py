@@ -86,6 +86,7 @@ def test_alerts_follow_the_conventions() -> None:
         "SidecarCommitStalled", "SidecarCommitsFailing", "SidecarDeadLetterRateHigh", "SidecarLlmErrorRateHigh",
         "SidecarDown", "SidecarLlmCircuitBreakerOpen", "SidecarScoringBacklog", "SidecarEscalationLatencyHigh",
         "SidecarAlertSinkDown", "SidecarAlertsRejected", "SidecarUncertainTurnRateAboveTarget",
+        "SidecarAdapterDrift",
     ]  # fmt: skip
     for a in alerts():
         assert re.fullmatch(r"[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]+)+", a["alert"]), a["alert"]

@@ -28,6 +28,7 @@ METRIC_CLASSES = [
     "sidecar.telemetry.http:HttpMetrics",
     "sidecar.scoring.client:VllmMetrics",
     "sidecar.scoring.metrics:ScoringMetrics",
+    "sidecar.scoring.drift:DriftMetrics",
     "sidecar.clustering.metrics:ClusteringMetrics",
     "sidecar.alerting.metrics:AlertMetrics",
     "sidecar.judge.metrics:JudgeMetrics",
