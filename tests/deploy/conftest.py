@@ -92,7 +92,8 @@ def _wait_metrics(sidecar: RunningSidecar, log: Path, deadline_seconds: float) -
 
 @pytest.fixture(scope="session")
 def running_sidecar(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSidecar]:
-    """``sidecar run`` with scoring, goal clustering and alerting on, fed with sample and malformed records."""
+    """``sidecar run`` with scoring, goal clustering, alerting, the judge and the training store on,
+    fed with sample and malformed records."""
     root = tmp_path_factory.mktemp("deploy-sidecar")
     port = free_port()
     with MockKafkaCluster() as kafka:
@@ -116,6 +117,11 @@ def running_sidecar(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFa
                         "recluster_interval_seconds": 2},
             # The alert-sink series (sidecar_alert_sink_up{sink}, ...) exist only with a sink.
             alerting={"enabled": True, "sinks": {"kafka": {"enabled": True, "topic": ALERTS_TOPIC}}},
+            # Registered so that their families are exported (the dashboards read them); the judge
+            # samples nothing, so it sends the shared server no request.
+            judge={"enabled": True, "sample_rate": 0.0,
+                   "llm": {"base_url": vllm_server.base_url, "model": vllm_server.base_model}},
+            training_store={"enabled": True, "backend": "file", "directory": str(root / "training")},
         )  # fmt: skip
         log = root / "sidecar.log"
         process = SidecarProcess(cfg, log)
