@@ -42,6 +42,44 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+_MATCHER: Final = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(" + _STRING.pattern + r")\s*(?:,|$)")
+
+
+def selectors(expr: str) -> list[tuple[str, frozenset[tuple[str, str, str]]]]:
+    """Each metric selector of an expression, in order: its metric name and its label matchers
+    ``(label, operator, quoted value)``, empty for a name without braces.
+
+    Same lexer as :func:`metric_names`, which keeps the positions: string literals and label
+    matchers are blanked out before the identifiers are read, and a metric name owns the braces
+    that follow it. Raises ValueError for matchers it cannot read."""
+    text = _STRING.sub(lambda m: " " * len(m.group()), expr)
+    braces = {m.start(): m.end() for m in _BRACES.finditer(text)}
+    text = _BRACES.sub(lambda m: " " * len(m.group()), text)
+    text = _BRACKETS.sub(lambda m: " " * len(m.group()), text)
+    text = _LABEL_LIST.sub(lambda m: " " * len(m.group()), text)
+    out = []
+    for m in _IDENT.finditer(text):
+        name, call = m.group(1), m.group(2)
+        if call or name.lower() in KEYWORDS:
+            continue
+        start = m.end()
+        while start < len(expr) and expr[start].isspace():
+            start += 1
+        matchers: frozenset[tuple[str, str, str]] = frozenset()
+        if start in braces:
+            body = expr[start + 1 : braces[start] - 1]
+            pos, found = 0, []
+            while pos < len(body) and body[pos:].strip():
+                mm = _MATCHER.match(body, pos)
+                if mm is None or mm.end() == pos:
+                    raise ValueError(f"unreadable label matchers of {name}: {{{body}}}")
+                found.append((mm.group(1), mm.group(2), mm.group(3)))
+                pos = mm.end()
+            matchers = frozenset(found)
+        out.append((name, matchers))
+    return out
+
+
 def exposed_names(exposition: str) -> set[str]:
     """Every series name a /metrics page exposes, including families registered without samples yet.
 

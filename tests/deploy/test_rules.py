@@ -5,6 +5,7 @@ thresholds (the drift test keeps it so)."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 
 from sidecar.alerting.config import UncertaintyPolicyConfig
 from tests.deploy.chart import DEPLOY, ToolMissing, one, render, rule_groups, scenarios, tool
+from tests.deploy.promql import selectors
 
 RULES = DEPLOY / "prometheus" / "sidecar-alerts.yaml"
 UNIT_TESTS = sorted(Path(__file__).resolve().parent.glob("rules-test*.yaml"))
@@ -229,3 +231,104 @@ def test_the_spike_alert_leaves_relative_policy_agents_to_the_target_alert(helm:
     assert "unless on (namespace, job, agent)" in spike({})
     off = {"prometheusRule.alerts.SidecarUncertainTurnRateAboveTarget.enabled": "false"}
     assert "sidecar_uncertainty_score_count" not in spike(off)
+
+
+# prometheusRule.seriesSelector: one release's rules among others in the same Prometheus.
+SCOPED_UNIT_TESTS = Path(__file__).resolve().parent / "scoped-rules-test.yaml"
+SHOP = 'namespace="agents", job="shop-sidecar"'
+Matchers = frozenset[tuple[str, str, str]]
+
+
+def unscoped(expr: str, scope: Matchers) -> list[str]:
+    """The metric selectors of an expression that lack one of the scope's matchers."""
+    return [name for name, matchers in selectors(expr) if not scope <= matchers]
+
+
+def test_the_scope_check_finds_a_selector_without_the_matchers() -> None:
+    scope = frozenset({("namespace", "=", '"agents"'), ("job", "=~", '"shop-.*"')})
+    scoped = '{outcome="complete", namespace="agents", job=~"shop-.*"}'
+    assert unscoped(f"sum by (job) (rate(a{scoped}[5m])) / b:c:d{scoped} offset 1h", scope) == []
+    assert unscoped(f"sum by (job) (rate(a{scoped}[5m])) / b:c:d offset 1h", scope) == ["b:c:d"]
+    assert unscoped(f'a{scoped} - b{{namespace="agents", job="shop-.*"}}', scope) == ["b"]
+    assert unscoped(f"histogram_quantile(0.9, rate(x_bucket{{namespace='agents'}}[5m])) and y{scoped}", scope) == [
+        "x_bucket"
+    ]
+    with pytest.raises(ValueError, match="unreadable"):
+        selectors('a{job="x"; namespace="y"}')
+
+
+def scoped_values(tmp_path: Path, selector: str) -> Path:
+    """Values with the rules on, per-agent uncertainty policies (selectors with matchers of their
+    own) and the series selector."""
+    path = tmp_path / "scoped-values.yaml"
+    path.write_text(yaml.safe_dump({
+        "prometheusRule": {"enabled": True, "seriesSelector": selector},
+        "config": {"alerting": {"agents": {"booking": {"uncertainty": {"target_rate": 0.02}}}}},
+    }))  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize(
+    ("selector", "scope"),
+    [
+        (SHOP, {("namespace", "=", '"agents"'), ("job", "=", '"shop-sidecar"')}),
+        (
+            ' job=~"shop-.*|travel" ,namespace!="staging" ',
+            {("job", "=~", '"shop-.*|travel"'), ("namespace", "!=", '"staging"')},
+        ),
+    ],
+    ids=["equal", "regex"],
+)  # fmt: skip
+def test_the_series_selector_scopes_every_selector_of_every_rule(
+    promtool: str, helm: str, tmp_path: Path, selector: str, scope: set[tuple[str, str, str]]
+) -> None:
+    """Every metric selector of every rule, alerts and recordings, carries the matchers, next to
+    its own; SidecarDown, with matchers of its own, is left as it is."""
+    default = [r for g in rule_groups(render([scoped_values(tmp_path, "")])) for r in g["rules"]]
+    groups = rule_groups(render([scoped_values(tmp_path, selector)]))
+    scoped = [r for g in groups for r in g["rules"]]
+    assert [r.get("alert", r.get("record")) for r in scoped] == [r.get("alert", r.get("record")) for r in default]
+    assert len(scoped) == len(alerts()) + 2 + 1  # a second SidecarUncertainTurnRateAboveTarget, for booking
+    for before, after in zip(default, scoped, strict=True):
+        name = after.get("alert", after.get("record"))
+        if name == "SidecarDown":
+            assert after["expr"] == before["expr"]
+            assert unscoped(after["expr"], frozenset(scope)) == ["up", "up"]
+            continue
+        assert selectors(after["expr"]), name
+        assert unscoped(after["expr"], frozenset(scope)) == [], name
+        # The selectors' own matchers are kept: take the scope away and the default rule is left.
+        assert [(n, m - scope) for n, m in selectors(after["expr"])] == selectors(before["expr"]), name
+    rules = tmp_path / "scoped-alerts.yaml"
+    rules.write_text(yaml.safe_dump({"groups": groups}))
+    proc = promtool_run(promtool, "check", "rules", "--lint-fatal", str(rules))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def run_scoped_unit_tests(promtool: str, tmp_path: Path, selector: str) -> subprocess.CompletedProcess[str]:
+    """promtool test rules on scoped-rules-test.yaml, the chart rendered with the selector and
+    without annotations."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"prometheusRule": {"enabled": True, "seriesSelector": selector}}))
+    groups = rule_groups(render([values]))
+    for g in groups:
+        for r in g["rules"]:
+            r.pop("annotations", None)
+    (tmp_path / "scoped-alerts.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    shutil.copy(SCOPED_UNIT_TESTS, tmp_path / SCOPED_UNIT_TESTS.name)
+    return promtool_run(promtool, "test", "rules", str(tmp_path / SCOPED_UNIT_TESTS.name))
+
+
+def test_a_scoped_release_alerts_on_its_own_sidecars_only(promtool: str, helm: str, tmp_path: Path) -> None:
+    proc = run_scoped_unit_tests(promtool, tmp_path, SHOP)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_without_the_selector_the_rules_alert_on_every_release(promtool: str, helm: str, tmp_path: Path) -> None:
+    """The same cases fail with the default render: each alert fires for the other two sidecars too."""
+    proc = run_scoped_unit_tests(promtool, tmp_path, "")
+    assert proc.returncode != 0
+    for name in ("SidecarConsumerLagGrowing", "SidecarCommitsFailing", "SidecarCommitStalled", "SidecarAlertsRejected",
+                 "SidecarCompletionRateDropping"):  # fmt: skip
+        assert f"alertname: {name}" in proc.stdout + proc.stderr, name
+    assert "travel-sidecar" in proc.stdout + proc.stderr and "staging" in proc.stdout + proc.stderr

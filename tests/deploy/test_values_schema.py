@@ -206,6 +206,25 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
         {"podMonitor": {"relabelings": [{"target_label": "x"}]}},
         "Additional property target_label is not allowed",
     ),
+    # prometheusRule.seriesSelector goes into every selector of the rules: matchers on namespace and
+    # job only, in double quotes, without braces, newlines or backslashes.
+    ("series selector in braces", {"prometheusRule": {"seriesSelector": '{namespace="agents"}'}}, "seriesSelector"),
+    (
+        "series selector closing the selector",
+        {"prometheusRule": {"seriesSelector": 'job="a"}) or vector(1) or (up{job="b"'}},
+        "seriesSelector",
+    ),
+    ("series selector brace in a value", {"prometheusRule": {"seriesSelector": 'job="a}"'}}, "seriesSelector"),
+    ("series selector newline", {"prometheusRule": {"seriesSelector": 'namespace="a",\njob="b"'}}, "seriesSelector"),
+    ("series selector other label", {"prometheusRule": {"seriesSelector": 'instance="a:9108"'}}, "seriesSelector"),
+    ("series selector unquoted", {"prometheusRule": {"seriesSelector": "job=shop"}}, "seriesSelector"),
+    (
+        "series selector empty matcher",
+        {"prometheusRule": {"seriesSelector": 'job="a",, namespace="b"'}},
+        "seriesSelector",
+    ),
+    ("series selector escape", {"prometheusRule": {"seriesSelector": 'job="a\\"'}}, "seriesSelector"),
+    ("series selector length", {"prometheusRule": {"seriesSelector": 'job=~"' + "a" * 500 + '"'}}, "seriesSelector"),
 ]
 
 
