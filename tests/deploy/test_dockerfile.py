@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -148,7 +149,8 @@ def test_runtime_has_no_training_stack() -> None:
     runtime = runs(sources("runtime"))
     for package in (*TRAINING_STACK, "[adapters]", "sentence-transformers"):
         assert package not in runtime, f"the runtime image installs {package}"
-    assert "pip install --no-cache-dir ." in runtime
+    assert "pip install --no-cache-dir --no-deps ." in runtime
+    assert "--require-hashes --no-deps -r deploy/requirements/runtime.lock" in runtime
     adapters = runs(sources("adapters"))
     assert '".[adapters]"' in adapters
     assert "torch==" in adapters
@@ -242,7 +244,10 @@ def test_copied_sources_exist_and_pass_the_dockerignore() -> None:
                 continue
             for src in ins.args.split()[:-1]:
                 assert (REPO / src).exists(), f"line {ins.line}: {src} does not exist"
-                assert src.rstrip("/") in kept, f"line {ins.line}: the dockerignore drops {src}"
+                path = src.rstrip("/")
+                assert any(path == k or path.startswith(k + "/") for k in kept), (
+                    f"line {ins.line}: the dockerignore drops {src}"
+                )
 
 
 def test_instruction_parser() -> None:
@@ -346,3 +351,60 @@ def test_label_resolution() -> None:
     assert labels(text, "y", {"VERSION": "2.0", "NAME": 'quo"te'}) == {"v": "2.0", "k": "x", "n": 'quo"te'}
     with pytest.raises(AssertionError, match="not key=value"):
         labels("FROM a:1 AS x\nLABEL justakey\n", "x")
+
+
+LOCK = DEPLOY / "requirements" / "runtime.lock"
+
+
+def _locked() -> dict[str, tuple[str, list[str]]]:
+    """name -> (pinned version, hashes) of the runtime lock."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    text = re.sub(r"\\\n\s*", " ", LOCK.read_text())
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})*)", line)
+        assert m, f"not a pinned, hashed requirement: {line[:120]}"
+        out[canonical(m.group(1))] = (m.group(2), re.findall(r"sha256:([0-9a-f]{64})", m.group(3)))
+    return out
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_runtime_lock_pins_every_dependency_with_hashes() -> None:
+    """Every core dependency of pyproject.toml is pinned in the lock at a version its specifier
+    allows, and every pin carries at least one sha256 (pip --require-hashes refuses the rest)."""
+    from packaging.requirements import Requirement
+
+    locked = _locked()
+    assert locked, "empty lock"
+    for name, (_, hashes) in locked.items():
+        assert hashes, f"{name} has no hash"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for spec in project["dependencies"]:
+        req = Requirement(spec)
+        if req.marker is not None and not req.marker.evaluate({"python_version": "3.11"}):
+            continue
+        pinned = locked.get(canonical(req.name))
+        assert pinned is not None, f"{req.name} is a dependency but not in the lock: regenerate it"
+        assert req.specifier.contains(pinned[0], prereleases=True), f"{req.name}=={pinned[0]} breaks {req.specifier}"
+    for package in (*TRAINING_STACK, "sentence-transformers"):
+        assert canonical(package) not in locked, f"the runtime lock holds {package}"
+
+
+def test_the_lock_says_how_it_was_made_and_names_no_machine() -> None:
+    text = LOCK.read_text()
+    assert "pip-compile --generate-hashes" in text
+    assert not re.search(r"(?m)^--(extra-)?index-url|^--find-links|file://|/home/|/root/", text)
+    assert "deploy/requirements/runtime.lock" in (DEPLOY / "README.md").read_text()
+
+
+def test_lock_parser_refuses_unpinned_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / "runtime.lock"
+    bad.write_text("aiohttp>=3 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    monkeypatch.setattr(sys.modules[__name__], "LOCK", bad)
+    with pytest.raises(AssertionError, match="not a pinned"):
+        _locked()
