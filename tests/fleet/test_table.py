@@ -48,8 +48,11 @@ async def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
     try:
+        # One partition, as the tables' own topics have (sidecar.fleet.topics): the order of the
+        # records is the order written (an auto-created topic of several partitions would let a
+        # reader see b and c in either order and the row bound keep either).
         for key, value in records:
-            await producer.send_and_wait(topic, value=value, key=key)
+            await producer.send_and_wait(topic, value=value, key=key, partition=0)
     finally:
         await producer.stop()
 
