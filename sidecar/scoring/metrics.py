@@ -143,3 +143,10 @@ class VllmMetrics:
             states=["auto", "shared", "separated"],
             registry=registry,
         )
+        self.self_tests = Counter(
+            "sidecar_vllm_self_tests_total",
+            "Self-tests of the vLLM server by test (mixed_batches, exact_logprobs) and verdict (harmless, defect); "
+            "auto modes repeat a harmless one every scoring.vllm.self_test_interval_seconds.",
+            ["test", "verdict"],
+            registry=registry,
+        )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sidecar.scoring.admission import all_or_nothing
 
@@ -64,6 +64,42 @@ def probe_prompts(width: int) -> list[list[int]]:
     return [[1 + (7 * i + j) % 97 for j in range(8 + i % 24)] for i in range(width)]
 
 
+# prompt ids -> the top-k logprobs of the first generated position (the request under test, alone).
+Subject = Callable[[Sequence[int]], Coroutine[Any, Any, TopK]]
+# prompt ids -> anything: the other kind of request, sent beside the subject's.
+Neighbour = Callable[[Sequence[int]], Coroutine[Any, Any, object]]
+
+
+async def check_beside(
+    subject: Subject,
+    neighbour: Neighbour,
+    *,
+    width: int = 24,
+    rounds: int = 6,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> MixedBatchReport:
+    """Whether ``subject`` answers the same alone and interleaved with ``neighbour`` requests.
+
+    ``width`` different prompts alone, then up to ``rounds`` rounds of the same prompts each followed
+    by a neighbour request on it, stopping at the first round where an answer changed. Neighbours
+    should generate several tokens, so they stay in the running batch while subjects arrive.
+    """
+    if width < 1 or rounds < 1:
+        raise ValueError("width and rounds must be at least 1")
+    prompts = probe_prompts(width)
+    alone = await all_or_nothing([subject(p) for p in prompts])
+    compared = changed = done = 0
+    for _ in range(rounds):
+        done += 1
+        answers = await all_or_nothing([c for p in prompts for c in (subject(p), neighbour(p))])
+        compared += width
+        mixed = [cast(TopK, a) for a in answers[0::2]]
+        changed += sum(answer_changed(a, m, tolerance=tolerance) for a, m in zip(alone, mixed, strict=True))
+        if changed:
+            break
+    return MixedBatchReport(prompts=width, rounds=done, compared=compared, changed=changed)
+
+
 async def check_mixed_batches(
     probe: TopKProbe,
     base_model: str,
@@ -75,31 +111,21 @@ async def check_mixed_batches(
     adapter_tokens: int = 8,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> MixedBatchReport:
-    """Run the self-test through ``probe`` (which must bypass any lane gate) and report.
+    """Base-model top-k answers beside ``adapter_tokens``-token adapter requests, through ``probe``
+    (which must bypass any lane gate).
 
     The caller makes sure no other request of its own is in flight meanwhile. The first round
     caught the defect in 58 of 60 self-tests on the suite's server (see the module docstring), so six
     rounds make a false "harmless" very unlikely; a server without the defect costs ``width * (1 + rounds)``
     one-token base requests and ``width * rounds`` short adapter requests, once.
     """
-    if width < 1 or rounds < 1 or adapter_tokens < 1:
+    if adapter_tokens < 1:
         raise ValueError("width, rounds and adapter_tokens must be at least 1")
-    prompts = probe_prompts(width)
-    alone = await all_or_nothing([probe(base_model, p, k, 1) for p in prompts])
-    compared = changed = 0
-    done = 0
-    for _ in range(rounds):
-        done += 1
-        answers = await all_or_nothing(
-            [
-                probe(m, p, k, 1 if m == base_model else adapter_tokens)
-                for p in prompts
-                for m in (base_model, adapter_model)
-            ]
-        )
-        mixed = answers[0::2]
-        compared += width
-        changed += sum(answer_changed(a, m, tolerance=tolerance) for a, m in zip(alone, mixed, strict=True))
-        if changed:
-            break
-    return MixedBatchReport(prompts=width, rounds=done, compared=compared, changed=changed)
+
+    async def base(p: Sequence[int]) -> TopK:
+        return await probe(base_model, p, k, 1)
+
+    async def adapter(p: Sequence[int]) -> TopK:
+        return await probe(adapter_model, p, k, adapter_tokens)
+
+    return await check_beside(base, adapter, width=width, rounds=rounds, tolerance=tolerance)

