@@ -11,20 +11,17 @@ sidecar gets malformed records until the alert arrives.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.deploy.chart import CHART, ToolMissing, render, rule_groups, tool
-from tests.deploy.conftest import RunningSidecar, http_get
-from tests.integration.kafka_support import free_port
+from tests.deploy.chart import CHART, render, rule_groups
+from tests.deploy.conftest import RunningSidecar
+from tests.support.monitoring import Server, start_alertmanager, start_prometheus
 
 JOB = "llm-agent-sidecar"
 ALERT = "SidecarDeadLetterRateHigh"
@@ -46,68 +43,12 @@ GRAFANA_VARIABLES = {
 }
 
 
-@dataclass
-class Server:
-    name: str
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def get_json(self, path: str) -> Any:
-        return json.loads(http_get(self.url + path))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-
-def start(name: str, argv: list[str], url: str, ready_path: str, log: Path) -> Server:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(name, url, proc, log)
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{name} exited:\n{server.log_tail()}")
-        try:
-            http_get(url + ready_path, timeout=2)
-            return server
-        except OSError:
-            time.sleep(0.2)
-    server.stop()
-    pytest.fail(f"{name} did not start:\n{server.log_tail()}")
-
-
-def binary(name: str) -> str:
-    try:
-        return tool(name)
-    except ToolMissing as exc:
-        pytest.fail(str(exc))
-
-
 @pytest.fixture(scope="module")
 def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("alertmanager")
-    config = root / "alertmanager.yml"
-    config.write_text(yaml.safe_dump({
+    server = start_alertmanager(tmp_path_factory.mktemp("alertmanager"), {
         "route": {"receiver": "sink", "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
         "receivers": [{"name": "sink"}],
-    }))  # fmt: skip
-    port = free_port()
-    server = start(
-        "alertmanager",
-        [binary("prometheus-alertmanager"), f"--config.file={config}", f"--storage.path={root / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        f"http://127.0.0.1:{port}", "/-/ready", root / "alertmanager.log",
-    )  # fmt: skip
+    })  # fmt: skip
     yield server
     server.stop()
 
@@ -119,9 +60,8 @@ def prometheus(
     root = tmp_path_factory.mktemp("prometheus")
     rules = root / "rules.yaml"
     rules.write_text(yaml.safe_dump({"groups": rule_groups(render([CHART / "ci" / "e2e-alerts-values.yaml"]))}))
-    config = root / "prometheus.yml"
     am = urllib.parse.urlsplit(alertmanager.url).netloc
-    config.write_text(yaml.safe_dump({
+    server = start_prometheus(root, {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules)],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am]}]}]},
@@ -129,14 +69,7 @@ def prometheus(
             "job_name": JOB,
             "static_configs": [{"targets": [f"127.0.0.1:{running_sidecar.port}"], "labels": {"namespace": "e2e"}}],
         }],
-    }))  # fmt: skip
-    port = free_port()
-    server = start(
-        "prometheus",
-        [binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        f"http://127.0.0.1:{port}", "/-/ready", root / "prometheus.log",
-    )  # fmt: skip
+    })  # fmt: skip
     yield server
     server.stop()
 

@@ -28,8 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.telemetry.config import HttpConfig
 from sidecar.telemetry.http import HttpServer
-from tests.deploy.test_e2e_alerting import Server, binary, start
-from tests.integration.kafka_support import free_port
+from tests.support.monitoring import Server, start_prometheus
 from tests.support.tls import Pki, make_pki
 
 PASSWORD = "scrape-password-for-the-test"
@@ -109,8 +108,7 @@ def prometheus(
     password_file.write_text(PASSWORD)
     tls = {"ca_file": str(pki.ca), "cert_file": str(pki.client_cert), "key_file": str(pki.client_key)}
     target = {"targets": [f"127.0.0.1:{sidecar[0].port}"]}
-    config = root / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
+    server = start_prometheus(root, {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [
             {"job_name": "authenticated", "scheme": "https", "tls_config": tls,
@@ -118,14 +116,7 @@ def prometheus(
              "static_configs": [target]},
             {"job_name": "anonymous", "scheme": "https", "tls_config": tls, "static_configs": [target]},
         ],
-    }))  # fmt: skip
-    port = free_port()
-    server = start(
-        "prometheus",
-        [binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        f"http://127.0.0.1:{port}", "/-/ready", root / "prometheus.log",
-    )  # fmt: skip
+    })  # fmt: skip
     yield server
     server.stop()
 

@@ -16,8 +16,7 @@ import pytest
 import yaml
 
 from tests.deploy.chart import DEPLOY
-from tests.deploy.test_e2e_alerting import Server, binary, start
-from tests.integration.kafka_support import free_port
+from tests.support.monitoring import Server, binary, start_alertmanager
 
 RULES = DEPLOY / "alertmanager" / "inhibit-rules.yaml"
 
@@ -29,15 +28,7 @@ def alertmanager(tmp_path: Path) -> Iterator[Server]:
         "receivers": [{"name": "sink"}],
         **yaml.safe_load(RULES.read_text()),
     }
-    path = tmp_path / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    server = start(
-        "alertmanager",
-        [binary("prometheus-alertmanager"), f"--config.file={path}", f"--storage.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        f"http://127.0.0.1:{port}", "/-/ready", tmp_path / "alertmanager.log",
-    )  # fmt: skip
+    server = start_alertmanager(tmp_path, config)
     yield server
     server.stop()
 
