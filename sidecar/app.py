@@ -72,8 +72,9 @@ class Assembly:
     page_routes: dict[str, PageRoute] = field(default_factory=dict)
 
 
-def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
-    """The hook set and post-score sinks the config asks for; the no-op recorder when no scorer is on."""
+def build_hooks(config: SidecarConfig, registry: CollectorRegistry, leadership: Leadership | None = None) -> Assembly:
+    """The hook set and post-score sinks the config asks for; the no-op recorder when no scorer is on.
+    ``leadership``: who leads the fleet (needed by ``clustering.fleet``)."""
     named: dict[str, ConversationHooks] = {}
     out = Assembly(hooks=RecordingHooks())
     labels = AgentLabels([*config.scoring.agents, *config.alerting.agents])
@@ -81,7 +82,7 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry) -> Assembly:
     if config.clustering.enabled:
         from sidecar.clustering.live import GoalClusterer
 
-        goals = GoalClusterer(config.clustering, registry)
+        goals = GoalClusterer(config.clustering, registry, kafka=config.kafka, leadership=leadership)
         out.components.append(goals)
         out.health.append(goals)
         out.json_routes["clusters"] = goals.snapshot
@@ -173,7 +174,7 @@ async def run_app(
     # Which replica runs the jobs that must run once: the owner of source partition 0.
     leadership = Leadership(registry)
     lag = LoopLagMonitor(registry)
-    assembly = build_hooks(config, registry)
+    assembly = build_hooks(config, registry, leadership)
     if hooks is not None:
         assembly.hooks = hooks
     if config.otel.enabled:

@@ -69,6 +69,14 @@ class SidecarConfig(BaseSettings):
         store = self.training_store
         if store.enabled and store.backend == "kafka" and store.topic_for(self.kafka.topic) in taken:
             raise ValueError("training_store.topic must differ from the source, results and dead-letter topics")
+        fleet = self.clustering.fleet
+        if self.clustering.enabled and fleet.enabled:
+            model_topic, inputs_topic = fleet.topics(self.kafka.topic)
+            if model_topic == inputs_topic or {model_topic, inputs_topic} & taken:
+                raise ValueError(
+                    "clustering.fleet's model and inputs topics must differ from each other and from the source, "
+                    "results and dead-letter topics"
+                )
         return self
 
     @classmethod

@@ -57,6 +57,49 @@ class ClusteringEmbeddingConfig(BaseModel):
     batch_size: int = Field(64, ge=1, le=2048, description="Texts per embedding batch.")
 
 
+_TOPIC = r"^[A-Za-z0-9._-]+$"
+
+
+class ClusteringFleetConfig(BaseModel):
+    """One goal model for every replica, shared through Kafka (docs/fleet.md, "The goal model")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(
+        False,
+        description="Replicas write each ended conversation's summary and embedding to inputs_topic and follow it; "
+        "the fleet's leader (owner of source partition 0) re-clusters and writes the goal model to model_topic, "
+        "which every replica assigns goals from. Off: each replica clusters its own conversations.",
+    )
+    model_topic: str | None = Field(
+        None, min_length=1, max_length=249, pattern=_TOPIC, description="The goal model; default <kafka.topic>.goals."
+    )
+    inputs_topic: str | None = Field(
+        None,
+        min_length=1,
+        max_length=249,
+        pattern=_TOPIC,
+        description="Summaries and embeddings; default <kafka.topic>.goal-inputs.",
+    )
+    create_topics: bool = Field(
+        True, description="Create missing topics (the model's compacted, both with one partition)."
+    )
+    replication_factor: int = Field(3, ge=1, le=32, description="Replication factor of topics the sidecar creates.")
+    inputs_retention_ms: int = Field(
+        7 * 86_400_000, ge=60_000, description="retention.ms of an inputs topic the sidecar creates."
+    )
+    write_queue_size: int = Field(
+        1_000, ge=1, le=100_000, description="Inputs waiting to be written; beyond it they are dropped and counted."
+    )
+    write_timeout_seconds: float = Field(
+        10.0, gt=0, le=600, allow_inf_nan=False, description="How long one write may wait for the brokers."
+    )
+
+    def topics(self, source_topic: str) -> tuple[str, str]:
+        """The model and inputs topic names."""
+        return self.model_topic or f"{source_topic}.goals", self.inputs_topic or f"{source_topic}.goal-inputs"
+
+
 class ClusteringConfig(BaseModel):
     """Periodic goal re-clustering, nearest-cluster assignment in between, bounded goal labels."""
 
@@ -72,6 +115,7 @@ class ClusteringConfig(BaseModel):
     )
     llm: ClusteringLLMConfig = Field(default_factory=ClusteringLLMConfig)
     embedding: ClusteringEmbeddingConfig = Field(default_factory=ClusteringEmbeddingConfig)
+    fleet: ClusteringFleetConfig = Field(default_factory=ClusteringFleetConfig)
     k1: int = Field(40, ge=2, le=500, description="Initial k-means k: an overestimate of the goal count.")
     examples_per_group: int = Field(
         10, ge=1, le=100, description="Sampled members / non-members shown per describe or merge prompt."

@@ -23,19 +23,25 @@ from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import Any
 
+import numpy as np
 import structlog
 from prometheus_client import CollectorRegistry
 
+from sidecar.clustering.algorithm import ClusteringResult, assign_nearest
 from sidecar.clustering.completion_rate import CompletionRates
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.embed import EmbedBatcher, Embedder, Matrix, build_embedder
+from sidecar.clustering.fleet import MODEL_KEY, FleetGoals
 from sidecar.clustering.llm import ExtractiveGoalLLM, GoalLLM, OpenAIGoalLLM, extractive_summary
 from sidecar.clustering.metrics import ClusteringMetrics
 from sidecar.clustering.model import OTHER, UNKNOWN, GoalModel
+from sidecar.clustering.records import FleetGoalModel, GoalInput
 from sidecar.clustering.reservoir import Reservoir, ReservoirItem
 from sidecar.clustering.scheduler import ReclusterScheduler
 from sidecar.contract import CompletionScored, Effect, GoalAssigned, HookResult, Outcome, Scored, TurnContext
+from sidecar.fleet.leadership import Leadership
 from sidecar.lifecycle import Health
+from sidecar.source.config import KafkaConfig
 
 log = structlog.get_logger()
 
@@ -59,7 +65,11 @@ class GoalClusterer:
         *,
         llm: GoalLLM | None = None,
         embedder: Embedder | None = None,
+        kafka: KafkaConfig | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
+        """``kafka`` and ``leadership`` are needed with ``clustering.fleet.enabled`` (one goal model
+        for the fleet, :mod:`sidecar.clustering.fleet`)."""
         self._cfg = config
         self.metrics = ClusteringMetrics(registry)
         self._llm = llm if llm is not None else self._default_llm(config)
@@ -68,6 +78,14 @@ class GoalClusterer:
         self._reservoir = Reservoir(config.reservoir_size, seed=config.seed)
         self.model = GoalModel(config)
         self.completion = CompletionRates(config.assignment_cache_size, self._reservoir)
+        self.fleet: FleetGoals | None = None
+        if config.fleet.enabled:
+            if kafka is None or leadership is None:
+                raise ValueError("clustering.fleet needs the Kafka config and the fleet's leadership")
+            self.fleet = FleetGoals(
+                config, kafka, registry, leadership, on_input=self._fleet_input, on_model=self._fleet_model
+            )
+        fleet = self.fleet
         self.scheduler = ReclusterScheduler(
             config,
             self.metrics,
@@ -76,6 +94,8 @@ class GoalClusterer:
             reservoir=self._reservoir,
             llm=self._llm,
             embedder=embedder,
+            publish=None if fleet is None else self._publish_fleet_model,
+            may_run=None if fleet is None else (lambda: fleet.leading),
         )
         self._pending: OrderedDict[str, asyncio.Future[str | None]] = OrderedDict()
 
@@ -88,10 +108,14 @@ class GoalClusterer:
 
     async def start(self) -> None:
         if self._cfg.enabled:
+            if self.fleet is not None:
+                await self.fleet.start()
             await self.scheduler.start()
 
     async def stop(self) -> None:
         await self.scheduler.stop()
+        if self.fleet is not None:
+            await self.fleet.stop()
         await self._batcher.stop()
         aclose = getattr(self._llm, "aclose", None)
         if aclose is not None:
@@ -103,6 +127,8 @@ class GoalClusterer:
         detail = f"{len(self.model)} clusters, {len(self._reservoir)} in reservoir"
         if self.scheduler.last_error:
             detail += f", last error: {self.scheduler.last_error}"
+        if self.fleet is not None:
+            detail += f"; fleet: {'leader' if self.fleet.leading else 'follower'}, {self.fleet.health().detail}"
         return Health("clustering", not self.scheduler.crashed, detail)
 
     # ---------------------------------------------------------------- hooks
@@ -165,6 +191,7 @@ class GoalClusterer:
             "mode": self._cfg.mode,
             "reservoir_conversations": len(self._reservoir),
             "runs": self.scheduler.runs,
+            "fleet": self._fleet_snapshot(),
             "last_run": dict(self.scheduler.last_run),
             "clusters": [info.as_json(*self.completion.counts(info.id)) for info in self.model.clusters()],
         }
@@ -195,12 +222,18 @@ class GoalClusterer:
             self.metrics.assignments.labels("error").inc()
             log.warning("clustering.embed_failed", error=type(exc).__name__)
             return None
-        self.scheduler.offer(ReservoirItem(ctx.conversation_id, summary, vec))
+        if self.fleet is not None:  # every replica's reservoir takes it from the inputs topic
+            self.fleet.write_input(GoalInput(ctx.conversation_id, summary, vec))
+        else:
+            self.scheduler.offer(ReservoirItem(ctx.conversation_id, summary, vec))
         cid = self._nearest(vec)
         self.completion.assigned(ctx.conversation_id, cid)
         return cid
 
     def _nearest(self, vec: Matrix) -> str | None:
+        if len(self.model) and self.model.centroids().shape[1] != vec.shape[0]:
+            self.metrics.assignments.labels("unclustered").inc()  # a model of another embedding
+            return None
         hit = self.model.nearest(vec)
         if hit is None:
             self.metrics.assignments.labels("unclustered").inc()
@@ -209,3 +242,38 @@ class GoalClusterer:
         self.metrics.assignments.labels("assigned").inc()
         self.scheduler.observe_distance(distance)
         return cid
+
+    # ---------------------------------------------------------------- the fleet's model
+
+    def _fleet_input(self, item: GoalInput) -> None:
+        self.scheduler.offer(ReservoirItem(item.conversation_id, item.summary, item.vector))
+
+    async def _publish_fleet_model(self, result: ClusteringResult) -> bool:
+        assert self.fleet is not None
+        return await self.fleet.publish_model(self.model.plan(result))
+
+    def _fleet_model(self, model: FleetGoalModel) -> None:
+        """A fleet model read from the topic (every replica, the leader too): the live clusters."""
+        items = self._reservoir.items()
+        dims = {c.centroid.shape[0] for c in model.clusters}
+        if items and dims and dims != {items[0].vector.shape[0]}:
+            log.error("clustering.fleet_model_refused", reason="embedding dimensions differ", model=sorted(dims))
+            return
+        ids = self.model.load(model)
+        sample: list[tuple[str, bool | None]] = []
+        if items and ids:
+            rows, _ = assign_nearest(np.stack([it.vector for it in items]), self.model.centroids())
+            sample = [(ids[int(r)], it.complete) for r, it in zip(rows.tolist(), items, strict=True)]
+        self.completion.restart(ids, sample)
+        self.model.publish(self.metrics)
+        log.info("clustering.fleet_model_applied", generation=model.generation, version=model.version, goals=len(ids))
+
+    def _fleet_snapshot(self) -> dict[str, Any] | None:
+        if self.fleet is None:
+            return None
+        model = self.fleet.table.get(MODEL_KEY)
+        return {
+            "leader": self.fleet.leading,
+            "model_generation": None if model is None else model.generation,
+            "model_version": None if model is None else model.version,
+        }

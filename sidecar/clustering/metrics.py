@@ -31,7 +31,8 @@ class ClusteringMetrics:
         )
         self.runs = Counter(
             "sidecar_clustering_runs_total",
-            "Re-clustering runs by trigger (schedule, drift, manual) and result (ok, error, skipped).",
+            "Re-clustering runs by trigger (initial, schedule, drift, manual) and result (ok, error, skipped, "
+            "not_leader: with clustering.fleet, only the fleet's leader runs).",
             ["trigger", "result"],
             registry=registry,
         )
@@ -68,5 +69,24 @@ class ClusteringMetrics:
         self.assignment_distance = Gauge(
             "sidecar_clustering_assignment_distance",
             "Running mean Euclidean distance of new conversations to their cluster centroid.",
+            registry=registry,
+        )
+
+
+class FleetGoalMetrics:
+    """``sidecar_goal_fleet_*``: the inputs and models of ``clustering.fleet``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.inputs = Counter(
+            "sidecar_goal_fleet_inputs_total",
+            "Goal inputs (summary + embedding) by outcome: written, dropped (queue full), write_error, read, invalid.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.models = Counter(
+            "sidecar_goal_fleet_models_total",
+            "Fleet goal models by outcome: published (by this replica as leader), publish_error, applied, "
+            "not_leader (a run finished after this replica stopped leading).",
+            ["outcome"],
             registry=registry,
         )

@@ -25,12 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from sidecar.clustering.algorithm import ClusteringResult, assign_nearest
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.embed import Matrix
 from sidecar.clustering.ids import ClusterIdRegistry
 from sidecar.clustering.metrics import ClusteringMetrics
+from sidecar.clustering.records import FleetGoalModel, ModelCluster
 
 OTHER = "other"
 UNKNOWN = "unknown"
@@ -115,21 +117,53 @@ class GoalModel:
 
         Ids are matched to the clusters being replaced; old ids left unmatched are retired for
         good. The table is replaced in one step."""
+        ids = self._ids.match(self._live_centroids(), result.centroids, self._cfg.id_match_min_similarity)
+        rows = zip(ids, result.labels, result.sizes, result.centroids, strict=True)
+        self._replace([(cid, label, size) for cid, label, size, _ in rows], result.centroids)
+        return ids
+
+    def plan(self, result: ClusteringResult) -> FleetGoalModel:
+        """What :meth:`apply` would make of ``result``, as a fleet model row (generation and version
+        0, for the caller to set), without changing anything here: the leader publishes it and
+        applies it with every other replica when it reads it back (:meth:`load`)."""
+        ids = ClusterIdRegistry(self._ids.next_number, self._ids.prefix)
+        matched = ids.match(self._live_centroids(), result.centroids, self._cfg.id_match_min_similarity)
+        clusters = tuple(
+            ModelCluster(cid, label, size, np.asarray(result.centroids[row], dtype=np.float32))
+            for row, (cid, label, size) in enumerate(zip(matched, result.labels, result.sizes, strict=True))
+        )
+        return FleetGoalModel(0, 0, ids.prefix, ids.next_number, clusters)
+
+    def load(self, model: FleetGoalModel) -> list[str]:
+        """Make the fleet's ``model`` the live clusters (ids as the leader gave them); returns them."""
+        if model.clusters:
+            centroids = np.stack([c.centroid for c in model.clusters]).astype(np.float32)
+        else:
+            centroids = np.zeros((0, 0), dtype=np.float32)
+        self._ids.prefix, self._ids.next_number = model.prefix, model.next_number
+        self._replace([(c.id, c.label or "", c.size) for c in model.clusters], centroids)
+        return [c.id for c in model.clusters]
+
+    def centroids(self) -> Matrix:
+        """The live centroids, one row per cluster, largest cluster first."""
+        return self._centroids
+
+    def _live_centroids(self) -> dict[str, npt.NDArray[np.float32]]:
+        return {cid: self._centroids[i] for i, cid in enumerate(self._order)}
+
+    def _replace(self, rows: list[tuple[str, str, int]], centroids: Matrix) -> None:
         cfg = self._cfg
-        old = {cid: self._centroids[i] for i, cid in enumerate(self._order)}
-        ids = self._ids.match(old, result.centroids, cfg.id_match_min_similarity)
         clusters: dict[str, ClusterInfo] = {}
-        for c, cid in enumerate(ids):  # ids are in decreasing size order
-            named = result.sizes[c] >= cfg.min_conversations_per_name
+        for c, (cid, label, size) in enumerate(rows):  # in decreasing size order
+            named = size >= cfg.min_conversations_per_name and bool(label)
             clusters[cid] = ClusterInfo(
                 cid,
-                result.labels[c] if named else None,
+                label if named else None,
                 cid if c < cfg.top_n_labels else OTHER,
-                metric_label(result.labels[c], cfg.max_label_chars) if named else UNNAMED,
-                result.sizes[c],
+                metric_label(label, cfg.max_label_chars) if named else UNNAMED,
+                size,
             )
-        self._clusters, self._order, self._centroids = clusters, ids, result.centroids
-        return ids
+        self._clusters, self._order, self._centroids = clusters, [cid for cid, _, _ in rows], centroids
 
     def publish(self, metrics: ClusteringMetrics) -> None:
         """Set the cluster count, the sizes per goal value and the id -> name info series."""

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 import structlog
 
-from sidecar.clustering.algorithm import assign_nearest, llm_guided_clustering
+from sidecar.clustering.algorithm import ClusteringResult, assign_nearest, llm_guided_clustering
 from sidecar.clustering.completion_rate import CompletionRates
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.embed import Embedder
@@ -54,8 +55,15 @@ class ReclusterScheduler:
         reservoir: Reservoir,
         llm: GoalLLM,
         embedder: Embedder,
+        publish: Callable[[ClusteringResult], Awaitable[bool]] | None = None,
+        may_run: Callable[[], bool] | None = None,
     ) -> None:
+        """``publish``: instead of applying a run's result here, hand it on (the fleet's leader
+        writes it to the model topic, and every replica applies what it reads back); False fails
+        the run. ``may_run``: runs only happen while it says so (the fleet's leader)."""
         self._cfg = config
+        self._publish = publish
+        self._may_run = may_run
         self._metrics = metrics
         self._model = model
         self._completion = completion
@@ -140,6 +148,9 @@ class ReclusterScheduler:
     async def recluster(self, trigger: str = "manual") -> bool:
         """Run Algorithm 1 on the reservoir and swap the live clusters; False if skipped/failed."""
         async with self._run_lock:
+            if self._may_run is not None and not self._may_run():
+                self._metrics.runs.labels(trigger, "not_leader").inc()
+                return False
             items = self._reservoir.items()
             if len(items) < self._cfg.min_conversations:
                 self._metrics.runs.labels(trigger, "skipped").inc()
@@ -192,13 +203,22 @@ class ReclusterScheduler:
         )
         rows = list(zip(res.assignments.tolist(), (it.complete for it in items), strict=True))
         _, dist = assign_nearest(vectors, res.centroids)
-        # No await from here on: hooks running concurrently see the old clusters and counts or the
-        # new ones, never a mix.
-        ids = self._model.apply(res)
-        self._completion.restart(ids, ((ids[row], complete) for row, complete in rows))
+        if self._publish is not None:
+            if not await self._publish(res):
+                raise ModelNotPublished("the goal model was not published")
+        else:
+            # No await from here on: hooks running concurrently see the old clusters and counts or
+            # the new ones, never a mix.
+            ids = self._model.apply(res)
+            self._completion.restart(ids, ((ids[row], complete) for row, complete in rows))
+            self._model.publish(self._metrics)
         self._baseline = float(dist.mean())
         self._ema, self._since, self._offered_since_run = None, 0, 0
         self._wake.clear()  # whatever asked for a run is answered by this one
         self._drift = False
         self._reservoir.decay()
-        self._model.publish(self._metrics)
+
+
+class ModelNotPublished(RuntimeError):
+    """A fleet leader's run whose model was not written (not leading any more, or Kafka did not
+    acknowledge it): counted as a failed run; the next trigger retries."""

@@ -9,6 +9,7 @@ for the broker's default).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import structlog
@@ -23,15 +24,18 @@ log = structlog.get_logger(__name__)
 COMPACTED: Final = {"cleanup.policy": "compact"}
 
 
-async def ensure_compacted_topic(kafka: KafkaConfig, topic: str, *, replication_factor: int) -> bool:
-    """Create ``topic`` (compacted, one partition) unless it exists; True when it exists afterwards.
+async def ensure_compacted_topic(
+    kafka: KafkaConfig, topic: str, *, replication_factor: int, configs: Mapping[str, str] = COMPACTED
+) -> bool:
+    """Create ``topic`` (compacted, one partition; ``configs`` replace the compaction setting)
+    unless it exists; True when it exists afterwards.
 
     Never raises for a Kafka error: a refusal (not authorised, a policy) is logged, and the
     table then waits for the topic as for any other outage (its ``/readyz`` detail says so)."""
     admin = AIOKafkaAdminClient(**client_kwargs(kafka, client_id=f"{kafka.client_id}-admin"))
     try:
         await admin.start()
-        response = await admin.create_topics([NewTopic(topic, 1, replication_factor, topic_configs=COMPACTED)])
+        response = await admin.create_topics([NewTopic(topic, 1, replication_factor, topic_configs=dict(configs))])
     except (KafkaError, AttributeError) as exc:
         # AttributeError: aiokafka's admin client on a cluster that names no controller (librdkafka's
         # mock cluster, which creates topics on first produce instead).

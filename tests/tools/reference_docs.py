@@ -30,6 +30,7 @@ METRIC_CLASSES = [
     "sidecar.scoring.metrics:ScoringMetrics",
     "sidecar.scoring.drift:DriftMetrics",
     "sidecar.clustering.metrics:ClusteringMetrics",
+    "sidecar.clustering.metrics:FleetGoalMetrics",
     "sidecar.alerting.metrics:AlertMetrics",
     "sidecar.judge.metrics:JudgeMetrics",
     "sidecar.telemetry.loop_lag:LoopLagMonitor",
