@@ -151,7 +151,9 @@ class ReclusterScheduler:
             if self._may_run is not None and not self._may_run():
                 self._metrics.runs.labels(trigger, "not_leader").inc()
                 return False
-            items = self._reservoir.items()
+            # In conversation-id order: a run depends on which conversations it clusters, not on the
+            # order they arrived in (a fleet's leader reads them from several replicas' writes).
+            items = sorted(self._reservoir.items(), key=lambda it: it.conversation_id)
             if len(items) < self._cfg.min_conversations:
                 self._metrics.runs.labels(trigger, "skipped").inc()
                 return False

@@ -14,14 +14,18 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
+from sklearn.metrics import adjusted_rand_score
 
 from sidecar.clustering.live import GoalClusterer
 from sidecar.clustering.llm import ExtractiveGoalLLM
 from sidecar.clustering.records import FleetGoalModel, encode_model
+from sidecar.contract import TurnContext
 from sidecar.fleet.leadership import Leadership
 from sidecar.fleet.publisher import TablePublisher
 from sidecar.source.config import KafkaConfig
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.demo.replay import load_sample
+from sidecar.transcript.model import Message
 from tests.clustering.fakes import HashEmbedder
 from tests.clustering.test_live import GOALS, config, conv, ended
 
@@ -155,3 +159,66 @@ async def test_three_replicas_share_one_goal_model_across_a_handover_and_a_late_
     finally:
         for gc in replicas:
             await gc.stop()
+
+
+def _sample_conversations(n: int) -> list[TurnContext]:
+    out = []
+    for i, record in enumerate(load_sample()[:n]):
+        messages = tuple(
+            Message("user" if t["role"] == "user" else "assistant", t["content"])
+            for t in record["turns"]
+            if t.get("content")
+        )
+        out.append(
+            TurnContext("conversation_ended", f"s{i}", len(messages), messages, "agent", None, end_reason="end_event")
+        )
+    return out
+
+
+async def test_the_fleets_clustering_equals_a_single_replicas_on_the_same_conversations(bootstrap: str) -> None:
+    """150 conversations of the bundled sample, ended round-robin on three fleet replicas and all on
+    one replica of its own: the leader's model (read back on a follower) assigns them as the single
+    replica's does (ARI against it), though the leader read them in another order."""
+    run = uuid.uuid4().hex[:8]
+    base = {"mode": "extractive", "k1": 8, "min_conversations": 20, "drift_min_assignments": 10**6}
+    cfg = config(fleet={"enabled": True, "model_topic": f"goals-{run}", "inputs_topic": f"inputs-{run}"}, **base)
+    single_cfg = config(**base)
+    embedder = HashEmbedder(dim=512)
+    kafka = KafkaConfig(bootstrap_servers=bootstrap, topic=f"events-{run}")
+    leaders = [Leadership() for _ in range(3)]
+    for i, lead in enumerate(leaders):
+        lead.assigned([i], 1, f"member-{i}")
+    replicas = [
+        GoalClusterer(
+            cfg, CollectorRegistry(), llm=ExtractiveGoalLLM(cfg), embedder=embedder, kafka=kafka, leadership=lead
+        )
+        for lead in leaders
+    ]
+    single = GoalClusterer(single_cfg, CollectorRegistry(), llm=ExtractiveGoalLLM(single_cfg), embedder=embedder)
+    conversations = _sample_conversations(150)
+    for gc in replicas:
+        await gc.start()
+    try:
+        for n, c in enumerate(conversations):
+            await ended(replicas[n % 3], c)
+            await ended(single, c)
+        await _until("the leader holds every input", lambda: len(replicas[0]._reservoir) == len(conversations))
+        assert await replicas[0].recluster("manual") and await single.recluster("manual")
+        assert replicas[0].fleet is not None
+        written = replicas[0].fleet._written
+        await _until("the follower applied the last model", lambda: _row(replicas[2]) == written)
+        vectors = [single._reservoir.get(c.conversation_id) for c in conversations]
+        fleet_goals = [replicas[2].model.nearest(v.vector) for v in vectors if v is not None]
+        single_goals = [single.model.nearest(v.vector) for v in vectors if v is not None]
+        assert len(fleet_goals) == len(conversations)
+        ari = adjusted_rand_score([g[0] for g in fleet_goals if g], [g[0] for g in single_goals if g])
+        print(f"fleet vs single replica: ARI {ari:.3f} over {len(conversations)} conversations")
+        assert ari >= 0.95
+    finally:
+        for gc in replicas:
+            await gc.stop()
+
+
+def _row(gc: GoalClusterer) -> tuple[int, int] | None:
+    model = _model(gc)
+    return None if model is None else (model.generation, model.version)
