@@ -98,6 +98,7 @@ class GoalClusterer:
             may_run=None if fleet is None else (lambda: fleet.leading),
         )
         self._pending: OrderedDict[str, asyncio.Future[str | None]] = OrderedDict()
+        self._dimension: int | None = None  # of this replica's embeddings, once it made one
 
     def _default_llm(self, config: ClusteringConfig) -> GoalLLM:
         if config.mode == "llm":
@@ -222,6 +223,7 @@ class GoalClusterer:
             self.metrics.assignments.labels("error").inc()
             log.warning("clustering.embed_failed", error=type(exc).__name__)
             return None
+        self._dimension = int(vec.shape[0])
         if self.fleet is not None:  # every replica's reservoir takes it from the inputs topic
             self.fleet.write_input(GoalInput(ctx.conversation_id, summary, vec))
         else:
@@ -246,6 +248,12 @@ class GoalClusterer:
     # ---------------------------------------------------------------- the fleet's model
 
     def _fleet_input(self, item: GoalInput) -> None:
+        """An input read from the topic; one of another dimension than this replica's embeddings is
+        refused (before this replica embedded anything, a run keeps the most common dimension)."""
+        if self._dimension is not None and item.vector.shape[0] != self._dimension:
+            assert self.fleet is not None
+            self.fleet.metrics.inputs.labels("invalid").inc()
+            return
         self.scheduler.offer(ReservoirItem(item.conversation_id, item.summary, item.vector))
 
     async def _publish_fleet_model(self, result: ClusteringResult) -> bool:

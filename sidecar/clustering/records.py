@@ -126,7 +126,14 @@ def decode_input(value: bytes) -> GoalInput:
     obj = _object(value)
     cid = _text(obj.get("id"), "id", MAX_CONVERSATION_ID_CHARS)
     summary = _text(obj.get("summary"), "summary", MAX_SUMMARY_CHARS)
-    return GoalInput(cid, summary, _vector(obj.get("vector"), "vector"))
+    vector = _vector(obj.get("vector"), "vector")
+    if not _is_unit(vector):
+        raise InvalidRow("vector: not a unit vector")
+    return GoalInput(cid, summary, vector)
+
+
+def _is_unit(v: Vector) -> bool:
+    return math.isclose(float(np.linalg.norm(v)), 1.0, abs_tol=1e-2)
 
 
 def encode_model(model: FleetGoalModel) -> bytes:
@@ -166,7 +173,7 @@ def decode_model(value: bytes) -> FleetGoalModel:
         raise InvalidRow("clusters: an id appears twice")
     if len({c.centroid.shape[0] for c in clusters}) > 1:
         raise InvalidRow("clusters: centroids of different dimensions")
-    if any(not math.isclose(float(np.linalg.norm(c.centroid)), 1.0, abs_tol=1e-2) for c in clusters):
+    if not all(_is_unit(c.centroid) for c in clusters):
         raise InvalidRow("clusters: a centroid is not a unit vector")
     prefix = _text(obj.get("prefix"), "prefix", MAX_ID_CHARS)
     if not _ID.fullmatch(prefix):

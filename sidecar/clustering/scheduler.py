@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -154,6 +155,7 @@ class ReclusterScheduler:
             # In conversation-id order: a run depends on which conversations it clusters, not on the
             # order they arrived in (a fleet's leader reads them from several replicas' writes).
             items = sorted(self._reservoir.items(), key=lambda it: it.conversation_id)
+            items = _one_dimension(items)
             if len(items) < self._cfg.min_conversations:
                 self._metrics.runs.labels(trigger, "skipped").inc()
                 return False
@@ -219,6 +221,19 @@ class ReclusterScheduler:
         self._wake.clear()  # whatever asked for a run is answered by this one
         self._drift = False
         self._reservoir.decay()
+
+
+def _one_dimension(items: list[ReservoirItem]) -> list[ReservoirItem]:
+    """The items of the most common embedding dimension (a fleet's inputs come from other
+    processes: one of another dimension must not make every run fail)."""
+    if not items:
+        return items
+    dims = Counter(it.vector.shape[0] for it in items)
+    if len(dims) == 1:
+        return items
+    keep = dims.most_common(1)[0][0]
+    log.warning("clustering.mixed_dimensions", kept=keep, dropped=sum(n for d, n in dims.items() if d != keep))
+    return [it for it in items if it.vector.shape[0] == keep]
 
 
 class ModelNotPublished(RuntimeError):

@@ -24,7 +24,9 @@ from sidecar.clustering.records import (
     encode_input,
     encode_model,
 )
+from sidecar.clustering.reservoir import ReservoirItem
 from sidecar.fleet.table import InvalidRow
+from tests.clustering.test_live import GOALS, feed, make
 
 
 def _unit(seed: int, dim: int = 16) -> np.ndarray:
@@ -122,6 +124,7 @@ def test_hostile_models_are_refused(raw: bytes) -> None:
         {"schema": 1, "id": "c", "summary": "", "vector": _b64([1.0])},
         {"schema": 1, "id": "c", "summary": "s" * 20_001, "vector": _b64([1.0])},
         {"schema": 1, "id": "c", "summary": "s", "vector": _b64([float("inf")])},
+        {"schema": 1, "id": "c", "summary": "s", "vector": _b64([0.5, 0.5])},  # not a unit vector
         {"schema": 1, "id": "c", "summary": "s", "vector": [1.0]},
         {"schema": 1, "id": 5, "summary": "s", "vector": _b64([1.0])},
         {"id": "c", "summary": "s", "vector": _b64([1.0])},
@@ -158,3 +161,13 @@ def test_a_plan_changes_nothing_and_load_gives_every_replica_the_same_ids() -> N
     second = follower.plan(_result(moved, [40, 25, 4, 12], ["book flight", "rent car", "tiny", "weather"]))
     assert [c.id for c in second.clusters][:3] == ids
     assert second.clusters[3].id == f"{plan.prefix}4" and second.next_number == 5
+
+
+async def test_a_run_keeps_the_most_common_dimension() -> None:
+    """An input of another dimension (another replica's embedder) in the reservoir must not make
+    every run fail: the run clusters the most common dimension's conversations."""
+    gc = make()
+    await feed(gc, list(GOALS), 6)
+    gc.scheduler.offer(ReservoirItem("odd", "odd one", np.ones(3, dtype=np.float32) / np.sqrt(3)))
+    assert await gc.recluster("manual")
+    assert sum(c.size for c in gc.model.clusters()) == 6 * len(GOALS)

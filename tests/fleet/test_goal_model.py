@@ -18,7 +18,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from sidecar.clustering.live import GoalClusterer
 from sidecar.clustering.llm import ExtractiveGoalLLM
-from sidecar.clustering.records import FleetGoalModel, encode_model
+from sidecar.clustering.records import FleetGoalModel, GoalInput, encode_input, encode_model
 from sidecar.contract import TurnContext
 from sidecar.fleet.leadership import Leadership
 from sidecar.fleet.publisher import TablePublisher
@@ -44,6 +44,14 @@ async def _until(what: str, check: Callable[[], bool], state: Callable[[], objec
         if time.monotonic() > deadline:
             pytest.fail(f"not within {WAIT_SECONDS:.0f} s: {what} {state()}")
         await asyncio.sleep(0.05)
+
+
+async def _publish(kafka: KafkaConfig, topic: str, key: str, value: bytes) -> None:
+    publisher = TablePublisher(topic, kafka)
+    try:
+        await publisher.publish(key, value, timeout_seconds=10)
+    finally:
+        await publisher.stop()
 
 
 def _shape(gc: GoalClusterer) -> list[tuple[str, str, str, int]]:
@@ -96,10 +104,32 @@ async def test_three_replicas_share_one_goal_model_across_a_handover_and_a_late_
     for gc in replicas:
         await gc.start()
     try:
+        # Hostile records on the inputs topic are counted and skipped by every replica.
+        zero = b'{"schema": 1, "id": "x", "summary": "s", "vector": "AAAAAA=="}'  # not a unit vector
+        for value in (b"junk", zero, b"{" * 300_000):
+            await _publish(kafka, cfg.fleet.topics(kafka.topic)[1], "hostile", value)
+        invalid = {"outcome": "invalid"}
+        await _until(
+            "every replica counted the hostile inputs",
+            lambda: all(r.get_sample_value("sidecar_goal_fleet_inputs_total", invalid) == 3 for r in registries),
+            lambda: [r.get_sample_value("sidecar_goal_fleet_inputs_total", invalid) for r in registries],
+        )
         sent = await _feed(replicas, 6)
         await _until(
             "every reservoir holds every replica's inputs", lambda: all(len(gc._reservoir) == sent for gc in replicas)
         )
+        # A well-formed input of another embedding's dimension is refused too.
+        await _publish(
+            kafka,
+            cfg.fleet.topics(kafka.topic)[1],
+            "other-dimension",
+            encode_input(GoalInput("od", "s", np.ones(1, np.float32))),
+        )
+        await _until(
+            "every replica refused the other dimension",
+            lambda: all(r.get_sample_value("sidecar_goal_fleet_inputs_total", invalid) == 4 for r in registries),
+        )
+        assert all(len(gc._reservoir) == sent for gc in replicas)
         assert not await replicas[1].recluster("manual")  # a follower never runs
         assert registries[1].get_sample_value(
             "sidecar_clustering_runs_total", {"trigger": "manual", "result": "not_leader"}
@@ -136,11 +166,7 @@ async def test_three_replicas_share_one_goal_model_across_a_handover_and_a_late_
         stale = {"table": "goals", "outcome": "stale"}
         before = [r.get_sample_value("sidecar_fleet_table_records_total", stale) or 0.0 for r in registries]
         late = FleetGoalModel(1, 99, "zz-g", 1, ())
-        publisher = TablePublisher(cfg.fleet.topics(kafka.topic)[0], kafka)
-        try:
-            await publisher.publish("model", encode_model(late), timeout_seconds=10)
-        finally:
-            await publisher.stop()
+        await _publish(kafka, cfg.fleet.topics(kafka.topic)[0], "model", encode_model(late))
         await _until(
             "every replica refused the late model",
             lambda: all(
