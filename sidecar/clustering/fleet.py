@@ -210,6 +210,11 @@ class FleetGoals:
     # -- the model -----------------------------------------------------------------------------
 
     @property
+    def last_written(self) -> tuple[int, int]:
+        """(generation, version) of the last model this replica wrote; (0, 0) before any."""
+        return self._written
+
+    @property
     def leading(self) -> bool:
         return self._leadership.term is not None
 

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from sklearn.metrics import adjusted_rand_score
 
 from sidecar.clustering.live import GoalClusterer
-from sidecar.clustering.llm import ExtractiveGoalLLM
+from sidecar.clustering.llm import ExtractiveGoalLLM, extractive_summary
 from sidecar.clustering.records import FleetGoalModel, GoalInput, encode_input, encode_model
 from sidecar.contract import TurnContext
 from sidecar.fleet.leadership import Leadership
@@ -52,6 +52,11 @@ async def _publish(kafka: KafkaConfig, topic: str, key: str, value: bytes) -> No
         await publisher.publish(key, value, timeout_seconds=10)
     finally:
         await publisher.stop()
+
+
+def _held(gc: GoalClusterer) -> int:
+    """Conversations in a replica's reservoir (what ``/clusters`` shows)."""
+    return int(gc.snapshot()["reservoir_conversations"])
 
 
 def _shape(gc: GoalClusterer) -> list[tuple[str, str, str, int]]:
@@ -115,9 +120,7 @@ async def test_three_replicas_share_one_goal_model_across_a_handover_and_a_late_
             lambda: [r.get_sample_value("sidecar_goal_fleet_inputs_total", invalid) for r in registries],
         )
         sent = await _feed(replicas, 6)
-        await _until(
-            "every reservoir holds every replica's inputs", lambda: all(len(gc._reservoir) == sent for gc in replicas)
-        )
+        await _until("every reservoir holds every replica's inputs", lambda: all(_held(gc) == sent for gc in replicas))
         # A well-formed input of another embedding's dimension is refused too.
         await _publish(
             kafka,
@@ -129,7 +132,7 @@ async def test_three_replicas_share_one_goal_model_across_a_handover_and_a_late_
             "every replica refused the other dimension",
             lambda: all(r.get_sample_value("sidecar_goal_fleet_inputs_total", invalid) == 4 for r in registries),
         )
-        assert all(len(gc._reservoir) == sent for gc in replicas)
+        assert all(_held(gc) == sent for gc in replicas)
         assert not await replicas[1].recluster("manual")  # a follower never runs
         assert registries[1].get_sample_value(
             "sidecar_clustering_runs_total", {"trigger": "manual", "result": "not_leader"}
@@ -151,7 +154,7 @@ async def test_three_replicas_share_one_goal_model_across_a_handover_and_a_late_
         leaders[0].revoked()
         leaders[1].assigned([0, 1], 2, "member-1")
         sent += await _feed(replicas, 4, start=6) + 1  # + the probe
-        await _until("the new inputs reached replica 1", lambda: len(replicas[1]._reservoir) == sent)
+        await _until("the new inputs reached replica 1", lambda: _held(replicas[1]) == sent)
         assert await replicas[1].recluster("manual")
         await _until("all three applied generation 2", lambda: _same_model(replicas, generation=2))
         second = _shape(replicas[1])
@@ -228,14 +231,14 @@ async def test_the_fleets_clustering_equals_a_single_replicas_on_the_same_conver
         for n, c in enumerate(conversations):
             await ended(replicas[n % 3], c)
             await ended(single, c)
-        await _until("the leader holds every input", lambda: len(replicas[0]._reservoir) == len(conversations))
+        await _until("the leader holds every input", lambda: _held(replicas[0]) == len(conversations))
         assert await replicas[0].recluster("manual") and await single.recluster("manual")
         assert replicas[0].fleet is not None
-        written = replicas[0].fleet._written
+        written = replicas[0].fleet.last_written
         await _until("the follower applied the last model", lambda: _row(replicas[2]) == written)
-        vectors = [single._reservoir.get(c.conversation_id) for c in conversations]
-        fleet_goals = [replicas[2].model.nearest(v.vector) for v in vectors if v is not None]
-        single_goals = [single.model.nearest(v.vector) for v in vectors if v is not None]
+        vectors = embedder.embed([extractive_summary(c.messages, cfg.max_summary_chars) for c in conversations])
+        fleet_goals = [replicas[2].model.nearest(v) for v in vectors]
+        single_goals = [single.model.nearest(v) for v in vectors]
         assert len(fleet_goals) == len(conversations)
         ari = adjusted_rand_score([g[0] for g in fleet_goals if g], [g[0] for g in single_goals if g])
         print(f"fleet vs single replica: ARI {ari:.3f} over {len(conversations)} conversations")
