@@ -77,8 +77,14 @@ async def test_three_replicas_write_one_training_topic_read_once_per_conversatio
         await produce_raw(bs, TOPIC, stream[:half])
         await fleet.wait(lambda: _written(fleet) >= 5, 120, "the first training records")
 
-        scrapes = {r.name: r.scrape() for r in fleet.live()}
-        active = {n: s.value("sidecar_conversations_active") if s is not None else 0.0 for n, s in scrapes.items()}
+        active: dict[str, float] = {}
+
+        def some_open() -> bool:  # a scrape can time out on a loaded machine: read again
+            scrapes = {r.name: r.scrape() for r in fleet.live()}
+            active.update({n: s.value("sidecar_conversations_active") for n, s in scrapes.items() if s is not None})
+            return any(v > 0 for v in active.values())
+
+        await fleet.wait(some_open, 60, "a replica with open conversations")
         victim = fleet.replicas[max(active, key=lambda n: active[n])]
         open_at_kill = active[victim.name]
         assert open_at_kill > 0, active  # it dies with conversations begun and not yet ended
