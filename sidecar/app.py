@@ -40,6 +40,7 @@ from sidecar.telemetry.stream_metrics import StreamMetrics
 if TYPE_CHECKING:
     from sidecar.alerting.sinks.base import AlertSink
     from sidecar.clustering.live import GoalClusterer
+    from sidecar.scoring.hooks import ScoringHooks
     from sidecar.training_store.sink import TrainingStoreSink
     from sidecar.training_store.topic import KafkaTrainingStoreSink
 
@@ -72,6 +73,19 @@ class Assembly:
     page_routes: dict[str, PageRoute] = field(default_factory=dict)
 
 
+def _follow_routes(
+    config: SidecarConfig, registry: CollectorRegistry, scoring: ScoringHooks, labels: AgentLabels, out: Assembly
+) -> None:
+    """Live routing rows over ``scoring.agents`` (``scoring.routing``), followed from their topic."""
+    from sidecar.scoring.routes import LiveRoutes, RoutingFollower
+
+    routes = LiveRoutes(config.scoring.agent, registry, labels)
+    scoring.follow(routes)
+    follower = RoutingFollower(config.scoring.routing, config.kafka, routes, registry)
+    out.components.append(follower)
+    out.health.append(follower)
+
+
 def build_hooks(config: SidecarConfig, registry: CollectorRegistry, leadership: Leadership | None = None) -> Assembly:
     """The hook set and post-score sinks the config asks for; the no-op recorder when no scorer is on.
     ``leadership``: who leads the fleet (needed by ``clustering.fleet``)."""
@@ -95,6 +109,8 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry, leadership: 
         )
         out.components.append(scoring)
         out.health.extend([scoring, scoring.trust])
+        if config.scoring.routing.enabled:
+            _follow_routes(config, registry, scoring, labels, out)
         named["scoring"] = scoring
     if config.judge.enabled:
         from sidecar.judge.hooks import JudgeHooks

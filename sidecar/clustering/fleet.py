@@ -77,7 +77,7 @@ class FleetGoals:
             self.model_topic,
             kafka,
             decode_model,
-            table_metrics or TableMetrics(registry),
+            table_metrics or TableMetrics.on(registry),
             accept=fenced,
             max_rows=1,
             max_record_bytes=MAX_MODEL_BYTES,

@@ -26,9 +26,10 @@ per partition; a callback that raises is logged and counted, and the table goes 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final, Generic, Protocol, TypeVar
+from typing import ClassVar, Final, Generic, Protocol, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -85,7 +86,17 @@ class Change(Generic[T]):
 
 
 class TableMetrics:
-    """``sidecar_fleet_table_*``: one family per process, the table's name as a label."""
+    """``sidecar_fleet_table_*``: one family per process, the table's name as a label (``on``)."""
+
+    _per_registry: ClassVar[weakref.WeakKeyDictionary[CollectorRegistry, TableMetrics]] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def on(cls, registry: CollectorRegistry) -> TableMetrics:
+        """The families on ``registry``, created by the first table that asks (every table shares them)."""
+        metrics = cls._per_registry.get(registry)
+        if metrics is None:
+            metrics = cls._per_registry[registry] = cls(registry)
+        return metrics
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.records = Counter(

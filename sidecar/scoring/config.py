@@ -4,7 +4,8 @@ Sections: ``vllm`` (endpoint, timeouts, one retry layer, circuit breaker, concur
 :class:`~sidecar.llm.config.LlmEndpointConfig` plus vLLM's own settings),
 ``tokenizer`` (where the served model's tokenizer comes from), ``agents`` (per-agent LoRA adapter
 routing, sampling rates, budgets, drift baselines), ``completion`` and ``tree`` (the two scorers),
-``drift`` (live verdicts against the adapters' validation). PII redaction is not here: it applies
+``drift`` (live verdicts against the adapters' validation), ``routing`` (routes changed at run time,
+followed from a compacted topic). PII redaction is not here: it applies
 where text enters the sidecar (``state.redaction``). Env vars follow the root tree, e.g.
 ``SIDECAR_SCORING__VLLM__BASE_URL``.
 """
@@ -167,6 +168,30 @@ class DriftConfig(BaseModel):
         return self
 
 
+class RoutingConfig(BaseModel):
+    """Live routing: agent -> adapter rows that ``adapters promote`` / ``rollback`` write (docs/adapter-loop.md)."""
+
+    model_config = _frozen
+
+    enabled: bool = Field(
+        False,
+        description="Follow the routing topic: a row there replaces the agent's configured adapter, rule, threshold, "
+        "validation and drift baseline on every replica, live. The replica is ready once it has read the topic.",
+    )
+    topic: str | None = Field(
+        None,
+        min_length=1,
+        max_length=249,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="The compacted routing topic; default <kafka.topic>.adapter-routes.",
+    )
+    create_topic: bool = Field(True, description="Create the topic (compacted, one partition) when it is missing.")
+    replication_factor: int = Field(3, ge=1, le=32, description="Replication factor of a topic the sidecar creates.")
+
+    def topic_name(self, source_topic: str) -> str:
+        return self.topic or f"{source_topic}.adapter-routes"
+
+
 class AgentConfig(BaseModel):
     """Per-agent routing and budgets."""
 
@@ -316,6 +341,7 @@ class ScoringConfig(BaseModel):
     tree: TreeConfig = Field(default_factory=TreeConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     drift: DriftConfig = Field(default_factory=DriftConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
     max_logprobs: int = Field(
         20, ge=1, le=1000, description="The server's --max-logprobs (asking for more is a 400 from vLLM)."
     )

@@ -21,6 +21,7 @@ label, and labels are a closed set (:mod:`~sidecar.telemetry.labels`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from bisect import bisect_left, bisect_right
 from collections import deque
@@ -166,6 +167,15 @@ class DriftTracker:
         self.metrics = DriftMetrics(registry)
         self._windows: dict[str, tuple[DriftWindow, DriftBaselineConfig]] = {}
         self._untracked: set[str] = set()
+
+    def reset(self, label: str) -> None:
+        """The agent's route changed: start a new window against the new route's baseline."""
+        self._windows.pop(label, None)
+        self._untracked.discard(label)
+        self.metrics.window.labels(label).set(0)
+        for signal in SIGNALS:
+            with contextlib.suppress(KeyError):  # a series not exported yet
+                self.metrics.drift.remove(label, signal)
 
     def observe(self, label: str, agent: AgentConfig, *, p_end: float, complete: bool, untrusted: bool) -> None:
         """Record one final verdict of ``label`` and refresh its drift gauges."""

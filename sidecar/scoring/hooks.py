@@ -39,6 +39,7 @@ from sidecar.scoring.config import AgentConfig, ScoringConfig
 from sidecar.scoring.drift import DriftTracker
 from sidecar.scoring.metrics import ScoringMetrics
 from sidecar.scoring.prompts import PromptTooLong
+from sidecar.scoring.routes import LiveRoutes
 from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
 from sidecar.scoring.scorers import Scorers, failure_reason
 from sidecar.scoring.trust import AdapterTrust
@@ -83,6 +84,7 @@ class ScoringHooks:
         self.trust.publish_configured(self._labels)
         self._goal = goal_labeler or _unknown_goal
         self.drift = drift
+        self.routes: LiveRoutes | None = None
         self._budgets: dict[str, TokenBucket] = {}
         self._slots: dict[str, Slots] = {}
         self._latest_turn: LruCache[str, int] = LruCache(_LATEST_TURNS)
@@ -118,6 +120,22 @@ class ScoringHooks:
     def trust(self) -> AdapterTrust:
         """The scorers' adapter trust (a health reporter of its own)."""
         return self.scorers.trust
+
+    def follow(self, routes: LiveRoutes) -> None:
+        """Score with ``routes`` (live rows over ``scoring.agents``) from now on."""
+        self.routes = routes
+        routes.listen(self._route_changed)
+
+    def settings(self, agent: str | None) -> AgentConfig:
+        """The agent's settings: its live route over the configured ones."""
+        return self.routes.agent(agent) if self.routes is not None else self.config.agent(agent)
+
+    def _route_changed(self, agent: str, settings: AgentConfig | None) -> None:
+        self.trust.reassess(agent, settings, self.config.agent(agent))
+        label = self._agent_label(agent)
+        self.trust.publish(label, self.trust.route(agent))  # every replica shows it, scoring the agent or not
+        if self.drift is not None:
+            self.drift.reset(label)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -185,7 +203,7 @@ class ScoringHooks:
 
     async def _completion(self, ctx: TurnContext, label: str) -> CompletionScore:
         """c_k's verdict under the agent's rule (the raw greedy score is what is cached)."""
-        cfg = self.config.agent(ctx.agent)
+        cfg = self.settings(ctx.agent)
         route = self.trust.route(ctx.agent)
         self.trust.publish(label, route)
         messages = self._messages(ctx)
@@ -208,7 +226,7 @@ class ScoringHooks:
 
     def on_turn_closed(self, ctx: TurnContext) -> HookResult:
         label = self._agent_label(ctx.agent)
-        cfg = self.config.agent(ctx.agent)
+        cfg = self.settings(ctx.agent)
         # Decisions that need no model are returned at once (the processor records them directly).
         if not (self.config.enabled and self.config.completion.enabled):
             return self._skip("completion", label, "disabled")
@@ -242,7 +260,7 @@ class ScoringHooks:
             self.metrics.conversations_ended.labels(label, outcome, goal).inc()
             if self.drift is not None:
                 untrusted = not self.trust.route(ctx.agent).trusted
-                cfg = self.config.agent(ctx.agent)
+                cfg = self.settings(ctx.agent)
                 self.drift.observe(label, cfg, p_end=score.p_end, complete=score.complete, untrusted=untrusted)
             return Scored(
                 {**self._outcome(ctx, score), "final": True, "goal": goal},
@@ -253,7 +271,7 @@ class ScoringHooks:
 
     def _completion_event(self, ctx: TurnContext, score: CompletionScore, *, final: bool) -> CompletionScored:
         # Events stay in the process (sinks decide what text, if any, leaves it).
-        adapter = self.config.agent(ctx.agent).adapter
+        adapter = self.settings(ctx.agent).adapter
         return CompletionScored(
             p_end=score.p_end,
             complete=score.complete,
@@ -274,7 +292,7 @@ class ScoringHooks:
 
     def on_user_message(self, ctx: TurnContext) -> HookResult:
         label = self._agent_label(ctx.agent)
-        cfg = self.config.agent(ctx.agent)
+        cfg = self.settings(ctx.agent)
         tc = self.config.tree
         if not (self.config.enabled and tc.enabled):
             return self._skip("tree", label, "disabled")

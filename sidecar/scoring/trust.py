@@ -125,13 +125,20 @@ class AdapterTrust:
     name = "completion_adapters"
 
     def __init__(self, config: ScoringConfig, gauge: Callable[[str, float], None]) -> None:
-        floor = config.completion.min_validation_f1
+        floor = self._floor = config.completion.min_validation_f1
         self._routes = {name: assess(cfg, floor) for name, cfg in config.agents.items()}
         self._default = assess(config.default_agent, floor)
         self._gauge = gauge
         self._published: set[str] = set()
         for name, route in [*self._routes.items(), (DEFAULT_AGENT, self._default)]:
             log.info("score.adapter_trust", agent=name, source=route.source, reason=route.reason)
+
+    def reassess(self, agent: str, settings: AgentConfig | None, configured: AgentConfig) -> None:
+        """A live route took effect for ``agent`` (``settings`` None: its configured one again)."""
+        route = assess(settings if settings is not None else configured, self._floor)
+        self._routes[agent] = route
+        self._published = {label for label in self._published if label != agent}
+        log.info("score.adapter_trust", agent=agent, source=route.source, reason=route.reason, live=True)
 
     def route(self, agent: str | None) -> AgentRoute:
         if agent is not None and agent in self._routes:

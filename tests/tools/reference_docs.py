@@ -29,6 +29,7 @@ METRIC_CLASSES = [
     "sidecar.scoring.client:VllmMetrics",
     "sidecar.scoring.metrics:ScoringMetrics",
     "sidecar.scoring.drift:DriftMetrics",
+    "sidecar.scoring.routes:RouteMetrics",
     "sidecar.clustering.metrics:ClusteringMetrics",
     "sidecar.clustering.metrics:FleetGoalMetrics",
     "sidecar.alerting.metrics:AlertMetrics",
