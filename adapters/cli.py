@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     from adapters.onboarding.cli import add_parser as add_onboard
 
     add_onboard(sub)
+    from adapters.promotion.cli import add_parsers as add_promotion
+
+    add_promotion(sub)
     et = sub.add_parser("add-end-tag", help="give a base model the end tag as a special token, rows initialised")
     et.add_argument("--base", type=Path, required=True)
     et.add_argument("--out", type=Path, required=True)
@@ -239,7 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stdout carries the command's JSON result; logs go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     try:
-        result = _run(args)
+        if args.command in ("promote", "rollback", "routes", "maintain"):
+            from adapters.promotion.cli import run as run_promotion
+
+            result = run_promotion(args)
+        else:
+            result = _run(args)
     except AdaptersError as exc:
         parser.exit(2, f"adapters {args.command}: error: {exc}\n")
     json.dump(result, sys.stdout, indent=2, default=str)
