@@ -92,8 +92,8 @@ def _wait_metrics(sidecar: RunningSidecar, log: Path, deadline_seconds: float) -
 
 @pytest.fixture(scope="session")
 def running_sidecar(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSidecar]:
-    """``sidecar run`` with scoring, goal clustering, alerting, the judge and the training store on,
-    fed with sample and malformed records."""
+    """``sidecar run`` with scoring (live adapter routing included), goal clustering, alerting, the
+    judge and the training store on, fed with sample and malformed records."""
     root = tmp_path_factory.mktemp("deploy-sidecar")
     port = free_port()
     with MockKafkaCluster() as kafka:
@@ -112,6 +112,8 @@ def running_sidecar(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFa
                 "agents": {a: {"adapter": vllm_server.adapter_model, "tree_sample_rate": 0.2} for a in AGENTS},
                 "tree": {"max_depth_tokens": 4, "max_requests": 4},
                 "completion": {"max_remaining_tokens": 4},
+                # The adapter-routes panel reads sidecar_adapter_route_* (registered with routing).
+                "routing": {"enabled": True, "replication_factor": 1},
             },
             clustering={"enabled": True, "mode": "extractive", "k1": 4, "min_conversations": 10,
                         "recluster_interval_seconds": 2},

@@ -113,7 +113,8 @@ app.kubernetes.io/component: vllm
 
 {{/*
 The configuration file: values.config, with the chart's vLLM Service as the scoring endpoint when
-vllm.enabled and the values name none. Rendered as JSON (valid YAML): toYaml would print large
+vllm.enabled and the values name none, and scoring.routing.enabled true when the adapter loop and
+scoring are enabled and the values do not set it. Rendered as JSON (valid YAML): toYaml would print large
 integers in exponent form, which YAML readers take for strings.
 */}}
 {{- define "sidecar.config" -}}
@@ -123,6 +124,12 @@ integers in exponent form, which YAML readers take for strings.
 {{- $_ := set $defaults "scoring" (dict "vllm" (dict "base_url" $url "base_model" .Values.vllm.servedModelName)) -}}
 {{- end -}}
 {{- $config := mergeOverwrite $defaults (deepCopy (.Values.config | default dict)) -}}
+{{- /* Live adapter routing (scoring.routing, docs/adapter-loop.md) is on with the adapter loop, unless
+       the values say otherwise: its job writes the routing topic the replicas follow. */ -}}
+{{- $scoring := dig "scoring" dict $config -}}
+{{- if and .Values.adapterLoop.enabled (dig "enabled" false $scoring) (kindIs "invalid" (dig "routing" "enabled" nil $scoring)) -}}
+{{- $_ := set $scoring "routing" (merge (dict "enabled" true) (dig "routing" dict $scoring)) -}}
+{{- end -}}
 {{- $listeners := include "sidecar.listenerConfig" . | fromJson -}}
 {{- if $listeners -}}
 {{- $_ := set $config "http" (mergeOverwrite (deepCopy (dig "http" dict $config)) $listeners) -}}
@@ -147,4 +154,63 @@ integers in exponent form, which YAML readers take for strings.
 {{- fail "autoscaling.keda.minReplicas must not exceed autoscaling.keda.maxReplicas" -}}
 {{- end -}}
 {{- include "sidecar.listenersValidate" . -}}
+{{- include "sidecar.adapterLoopValidate" . -}}
+{{- end -}}
+
+{{/* Labels of the adapter loop's pods (not the consumer's: the Service and the PDB must not select them). */}}
+{{- define "sidecar.adapterLoopSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "sidecar.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: adapter-loop
+{{- end -}}
+
+{{/* The /metrics URLs the adapter loop reads (JSON list): adapterLoop.metricsUrls, else the chart's
+metrics Service, which answers from one replica per request. */}}
+{{- define "sidecar.adapterLoopMetricsUrls" -}}
+{{- if .Values.adapterLoop.metricsUrls -}}
+{{- toJson .Values.adapterLoop.metricsUrls -}}
+{{- else -}}
+{{- list (printf "http://%s.%s.svc:%d/metrics" (include "sidecar.fullname" .) .Release.Namespace (include "sidecar.httpPort" . | int)) | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The vLLM servers the adapter loop loads promoted adapters into (JSON list): adapterLoop.vllmUrls,
+else the chart's vLLM Service when vllm.enabled. */}}
+{{- define "sidecar.adapterLoopVllmUrls" -}}
+{{- if .Values.adapterLoop.vllmUrls -}}
+{{- toJson .Values.adapterLoop.vllmUrls -}}
+{{- else if .Values.vllm.enabled -}}
+{{- list (printf "http://%s.%s.svc:%d" (include "sidecar.vllmName" .) .Release.Namespace (int .Values.vllm.service.port)) | toJson -}}
+{{- else -}}
+[]
+{{- end -}}
+{{- end -}}
+
+{{/* What the adapter loop needs from the rest of the values. */}}
+{{- define "sidecar.adapterLoopValidate" -}}
+{{- $a := .Values.adapterLoop -}}
+{{- if $a.enabled -}}
+{{- $scoring := dig "scoring" dict (.Values.config | default dict) -}}
+{{- if not (dig "enabled" false $scoring) -}}
+{{- fail "adapterLoop.enabled needs config.scoring.enabled: the job re-onboards agents from the scorers' metrics and writes the routes the scorers follow" -}}
+{{- end -}}
+{{- if not (dig "routing" "enabled" true $scoring) -}}
+{{- fail "adapterLoop.enabled needs config.scoring.routing.enabled (leave it unset): the replicas must follow the routing topic the job writes" -}}
+{{- end -}}
+{{- if and .Values.vllm.enabled (not .Values.vllm.adapters.runtimeLoading) -}}
+{{- fail "adapterLoop.enabled with vllm.enabled needs vllm.adapters.runtimeLoading: the job loads each promoted adapter into vLLM at run time (POST /v1/load_lora_adapter)" -}}
+{{- end -}}
+{{- if and .Values.vllm.enabled (gt (int .Values.vllm.replicaCount) 1) (not $a.vllmUrls) -}}
+{{- fail "adapterLoop.enabled with vllm.replicaCount > 1: the vLLM Service would load a promoted adapter into one pod only; list every server in adapterLoop.vllmUrls" -}}
+{{- end -}}
+{{- if not (include "sidecar.adapterLoopVllmUrls" . | fromJsonArray) -}}
+{{- fail "adapterLoop.enabled needs a vLLM to load promoted adapters into: vllm.enabled, or the servers in adapterLoop.vllmUrls" -}}
+{{- end -}}
+{{- if not .Values.vllm.adapters.volume -}}
+{{- fail "adapterLoop.enabled needs vllm.adapters.volume: the job writes its onboardings under /adapters/onboarding, where vLLM loads them from" -}}
+{{- end -}}
+{{- if .Values.webConfig.scrape.enabled -}}
+{{- fail "adapterLoop.enabled: the job reads /metrics in plain HTTP without credentials, which webConfig.scrape.enabled refuses" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
