@@ -371,13 +371,25 @@ def test_scoring_on_without_a_model_is_a_usage_error(
     from sidecar.tools.demo import models
 
     monkeypatch.setattr(models, "ARTIFACTS", tmp_path)
-    monkeypatch.setattr(models.scoring_unavailable_reason, "__defaults__", (tmp_path,))
+    monkeypatch.setattr(models.scoring_unavailable_reason, "__defaults__", (tmp_path, "bundled"))
     assert cli.main(["demo", "--scoring", "on", "--http-port", "0"]) == 2
     assert "no bundled model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--scoring", "maybe"], ["--goals", "yes"]])
+@pytest.mark.parametrize("argv", [["--scoring", "maybe"], ["--goals", "yes"], ["--model", "gemma-7b"]])
 def test_bad_model_switches_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
         cli.main(["demo", *argv])
     assert info.value.code == 2
+
+
+def test_gemma_without_its_package_or_without_scoring_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sidecar.tools.demo import models
+
+    assert cli.main(["demo", "--model", "gemma3-270m", "--scoring", "off", "--http-port", "0"]) == 2
+    assert "--model gemma3-270m needs scoring" in capsys.readouterr().err
+    monkeypatch.setattr(models, "gemma_unavailable_reason", lambda: "the Gemma 3 270M weights are not installed")
+    assert cli.main(["demo", "--model", "gemma3-270m", "--http-port", "0"]) == 2
+    assert "--model gemma3-270m: the Gemma 3 270M weights are not installed" in capsys.readouterr().err

