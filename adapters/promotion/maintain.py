@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 import time
@@ -79,13 +80,17 @@ def maintain(args: Any) -> dict[str, Any]:
     """Run the loop once with the parsed ``adapters maintain`` arguments."""
     import asyncio
 
-    from adapters.cli import build_parser
-    from adapters.onboarding.cli import spec_from_args
+    from adapters.onboarding.cli import add_parser, spec_from_args
     from adapters.onboarding.onboard import run_onboarding
     from adapters.promotion.promote import PromoteSpec, promote
     from adapters.promotion.topic import read_rows
     from sidecar.config import load_config
     from sidecar.scoring.routes import Route
+
+    def build_parser() -> argparse.ArgumentParser:  # `adapters onboard`'s own arguments
+        parser = argparse.ArgumentParser(prog="adapters")
+        add_parser(parser.add_subparsers(dest="command"))
+        return parser
 
     config = load_config(args.sidecar_config)
     due = due_agents((scrape(u) for u in args.metrics_url), max_drift=args.max_drift)

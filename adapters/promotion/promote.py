@@ -94,7 +94,9 @@ def _route_of_manifest(candidate: Path, f1: float) -> Route:
     )
 
 
-def _f1(base: Path, adapter: Path, route: Route, *, examples: list[Any], window: dict[str, Any], desc: str) -> float:
+def _complete_score(
+    base: Path, adapter: Path, route: Route, *, examples: list[Any], window: dict[str, Any], desc: str
+) -> float:
     from adapters.onboarding.onboard import score_examples
 
     scored = score_examples(
@@ -124,7 +126,7 @@ def _serving_score(
             return Scored(None, f"serving adapter {serving.adapter} not found and no validation recorded")
         return Scored(serving.validation_f1, f"serving adapter {serving.adapter} not found: its recorded F1")
     return Scored(
-        _f1(base, where, serving, examples=examples, window=window, desc="score serving"),
+        _complete_score(base, where, serving, examples=examples, window=window, desc="score serving"),
         f"re-scored {serving.adapter}",
     )
 
@@ -150,7 +152,7 @@ def promote(spec: PromoteSpec) -> dict[str, Any]:
     current = rows.get(spec.agent)
     serving = current.route if current else Route.of(spec.config.scoring.agent(spec.agent))
     provisional = _candidate_route(candidate, 0.0)
-    cand_f1 = _f1(base, candidate, provisional, examples=examples, window=window, desc="score candidate")
+    cand_f1 = _complete_score(base, candidate, provisional, examples=examples, window=window, desc="score candidate")
     route = provisional.model_copy(update={"validation_f1": round(cand_f1, 6)})
     serv = _serving_score(spec, serving, base, examples, window)
     floor = spec.config.scoring.completion.min_validation_f1
