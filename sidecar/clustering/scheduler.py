@@ -133,7 +133,8 @@ class ReclusterScheduler:
     async def _loop(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), self._cfg.recluster_interval_seconds)
+                async with asyncio.timeout(self._cfg.recluster_interval_seconds):
+                    await self._wake.wait()
                 trigger = "drift" if self._drift else "initial"
             except TimeoutError:
                 trigger = "schedule"

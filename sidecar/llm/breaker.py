@@ -50,7 +50,8 @@ class CircuitBreaker:
                     continue
                 waiter = self._changed
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter.wait(), timeout=remaining)
+                    async with asyncio.timeout(remaining):
+                        await waiter.wait()
                 continue
             # half_open
             if not self._probe_in_flight:

@@ -219,11 +219,13 @@ class KafkaEventSource:
             self.leadership.revoked()  # a rebalance began: no jobs that must run once until it ends
         began = time.monotonic()
         workers = [w for tp in revoked if (w := self._workers.pop(tp, None)) is not None]
-        for w in workers:
-            if w.task is not None:
-                w.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await w.task
+        stopping = {w.task for w in workers if w.task is not None}
+        for task in stopping:
+            task.cancel()
+        if stopping:
+            # asyncio.wait, not `await task` under suppress(CancelledError): that would also
+            # swallow a cancellation of this revoke itself (the source's stop being cancelled).
+            await asyncio.wait(stopping)
         released = [w for w in workers if w.processor is not None]
         points = await asyncio.gather(
             *(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -179,10 +180,12 @@ class PartitionWorker:
             next_tick = time.monotonic() + sweep
             while True:
                 timeout = max(0.0, next_tick - time.monotonic())
-                try:
-                    batch = await asyncio.wait_for(self.queue.get(), timeout)
-                except TimeoutError:
-                    batch = None
+                batch = None
+                # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives
+                # as the batch does, and the worker would then outlive the source's stop.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        batch = await self.queue.get()
                 if batch is not None:
                     for rec in batch.records:
                         if isinstance(rec, UnreadableRecord):

@@ -115,7 +115,8 @@ async def send_until_acked(
 async def flush_producer(producer: AIOKafkaProducer, timeout_seconds: float) -> bool:
     """Wait until every record handed to ``producer`` is acknowledged or failed; False on timeout."""
     try:
-        await asyncio.wait_for(producer.flush(), timeout_seconds)
+        async with asyncio.timeout(timeout_seconds):
+            await producer.flush()
     except TimeoutError:
         return False
     return True

@@ -388,7 +388,8 @@ async def _replay(
                 )
                 if not app.done():
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(_wait_stop_or_app(stop, app), args.linger)
+                        async with asyncio.timeout(args.linger):
+                            await _wait_stop_or_app(stop, app)
             stop.set()
             produce_error: Exception | None = None
             try:
@@ -406,10 +407,20 @@ async def _replay(
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-        if not app.done():
-            app.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await app
+        await _cancel(app)
+
+
+async def _cancel(app: asyncio.Task[None]) -> None:
+    """Cancel the pipeline and wait for it, but not forever: a task that ignores its cancellation
+    must not hang the demo (its outcome is not raised here; the caller has reported it)."""
+    if app.done():
+        return
+    app.cancel()
+    await asyncio.wait({app}, timeout=STOP_TIMEOUT_SECONDS)
+    if not app.done():
+        log.error("demo.pipeline_ignored_cancellation", seconds=STOP_TIMEOUT_SECONDS)
+    elif not app.cancelled():
+        app.exception()  # retrieved: asyncio would otherwise log it as never retrieved
 
 
 async def _wait_stop_or_app(stop: asyncio.Event, app: asyncio.Task[None]) -> None:
@@ -446,12 +457,11 @@ async def _finish(app: asyncio.Task[None], stop: asyncio.Event, display: DemoDis
     unexpected = app.done() and not stop.is_set()
     stop.set()
     try:
-        await asyncio.wait_for(asyncio.shield(app), STOP_TIMEOUT_SECONDS)
+        async with asyncio.timeout(STOP_TIMEOUT_SECONDS):
+            await asyncio.shield(app)
     except TimeoutError:
         display.note(f"the sidecar did not stop within {STOP_TIMEOUT_SECONDS:.0f} s; cancelling it")
-        app.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await app
+        await _cancel(app)
         return EXIT_FAILURE
     except Exception as exc:
         display.note(f"sidecar demo: the sidecar failed: {exc!r}")
