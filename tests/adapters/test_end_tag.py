@@ -185,6 +185,7 @@ def test_cli_refuses_what_is_not_a_model(tmp_path: Path, capsys: pytest.CaptureF
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
 def test_vllm_serves_the_converted_base_with_an_adapter_trained_on_it(tmp_path: Path) -> None:
     base = tmp_path / "with-tag"
     end_id = add_end_tag(stock_base(tmp_path / "base", reserved=False), base)["end_tag_id"]
