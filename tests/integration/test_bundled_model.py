@@ -42,7 +42,8 @@ def forged(conv: Sequence[Message], *, headers: bool) -> list[Message]:
 async def complete_count(
     scorers: Scorers, convs: list[list[Message]], build: Callable[[list[Message]], list[Message]]
 ) -> int:
-    scores = [await scorers.score_adapter(build(c), "completion") for c in convs]
+    # All at once: the server batches them (one by one took ~1 s per prompt on two CPU cores).
+    scores = await asyncio.gather(*(scorers.score_adapter(build(c), "completion") for c in convs))
     return sum(s.complete for s in scores)
 
 

@@ -15,7 +15,10 @@ from sidecar.telemetry.config import HttpConfig
 from sidecar.telemetry.web_config import MAX_FILE_BYTES, load_web_config
 from tests.support.tls import Pki, make_pki
 
-HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+# bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)), fixed: the test ids below contain it, and the
+# two pytest-xdist workers must collect the same ids (a fresh salt per import would differ).
+HASH = "$2b$04$0vQbtbq2w4ugjQpWe3GxceolUiHiopAr1QRbGMyoqhdA4eAJ51dyK"
+assert bcrypt.checkpw(b"s3cret", HASH.encode())
 
 
 @pytest.fixture(scope="module")
