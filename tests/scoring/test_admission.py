@@ -83,12 +83,16 @@ async def test_no_starvation_under_a_steady_stream_of_one_lane() -> None:
     async def stream() -> None:
         tasks = []
         while not stop:
-            tasks.append(asyncio.create_task(rec.request("base", 0.005)))
+            tasks.append(asyncio.create_task(rec.request("base", 0.05)))
             await asyncio.sleep(0.001)
         await asyncio.gather(*tasks)
 
     feeder = asyncio.create_task(stream())
-    await asyncio.sleep(0.02)
+    # Until several base requests run at once (polled: a loaded machine may be slow to get there).
+    for _ in range(400):
+        if rec.running.get("base", 0) > 1:
+            break
+        await asyncio.sleep(0.005)
     assert rec.running.get("base", 0) > 1
     await asyncio.wait_for(rec.request("adapter", 0.0), timeout=2.0)
     stop = True
