@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     base = gemma.ensure(gemma.default_root()).base_dir
     template = args.out / "gemma-turns.jinja"
     template.write_text(GEMMA_TURNS, encoding="utf-8")
+    # Two CPU cores generate ~30 tokens/s: a whole answer can take minutes, queueing included.
+    config = args.out / "judge.yaml"
+    config.write_text("judge:\n  llm:\n    request_timeout_seconds: 1800\n    max_attempts: 1\n", encoding="utf-8")
     spec = LocalVllmSpec(
         model_dir=base,
         max_model_len=8192,
@@ -78,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             [
                 "judge",
                 str(data),
+                "--config",
+                str(config),
                 "--base-url",
                 server.base_url,
                 "--model",

@@ -10,6 +10,7 @@ scrapes it; the end-to-end alerting test points a real Prometheus at it.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +30,18 @@ ALERTS_TOPIC = f"{TOPIC}.alerts"
 # Malformed records: each is dead-lettered (invalid_json, not_an_object, schema).
 MALFORMED: tuple[bytes, ...] = (b"{not json", b"[1, 2, 3]", b'{"v": 1, "type": "message"}')
 AGENTS = ("booking", "support")
+
+
+@pytest.fixture
+def clean_environment() -> Iterator[None]:
+    """No SIDECAR_* variable of this process reaches a config a test loads (restored afterwards)."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SIDECAR_")}
+    for k in saved:
+        del os.environ[k]
+    yield
+    for k in [k for k in os.environ if k.startswith("SIDECAR_")]:
+        del os.environ[k]
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import base64
 import os
 import re
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -91,17 +91,6 @@ def secret_env(docs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     for s in by_kind(docs, "Secret"):
         out.update({k: base64.b64decode(v).decode() for k, v in s.get("data", {}).items()})
     return out
-
-
-@pytest.fixture
-def clean_environment() -> Iterator[None]:
-    saved = {k: v for k, v in os.environ.items() if k.startswith("SIDECAR_")}
-    for k in saved:
-        del os.environ[k]
-    yield
-    for k in [k for k in os.environ if k.startswith("SIDECAR_")]:
-        del os.environ[k]
-    os.environ.update(saved)
 
 
 def sidecar_config(docs: Sequence[Mapping[str, Any]], tmp_path: Path, extra_env: Mapping[str, str]) -> SidecarConfig:

@@ -5,8 +5,7 @@ render the job could not work in; and the dashboard panel of the routes. Rendere
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -66,17 +65,6 @@ def job_container(docs: tuple[dict[str, Any], ...]) -> Mapping[str, Any]:
 def flags(args: list[str], name: str) -> list[str]:
     """The values of every ``--name=value`` argument."""
     return [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
-
-
-@pytest.fixture
-def clean_environment() -> Iterator[None]:
-    saved = {k: v for k, v in os.environ.items() if k.startswith("SIDECAR_")}
-    for k in saved:
-        del os.environ[k]
-    yield
-    for k in [k for k in os.environ if k.startswith("SIDECAR_")]:
-        del os.environ[k]
-    os.environ.update(saved)
 
 
 def test_off_by_default(helm: str) -> None:
