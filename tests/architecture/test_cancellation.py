@@ -9,12 +9,8 @@ a whole shutdown forever. ``async with asyncio.timeout(...)`` keeps the cancella
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-import adapters
-import sidecar
-
-TREES = (Path(sidecar.__file__).parent, Path(adapters.__file__).parent)
+from tests.architecture.imports import REPO, source_files
 
 
 def _wait_for_calls(source: str) -> list[int]:
@@ -32,9 +28,8 @@ def _wait_for_calls(source: str) -> list[int]:
 
 def test_no_asyncio_wait_for() -> None:
     found = [
-        f"{path.relative_to(tree.parent)}:{line}"
-        for tree in TREES
-        for path in sorted(tree.rglob("*.py"))
+        f"{path.relative_to(REPO)}:{line}"
+        for path in source_files("sidecar", "adapters")
         for line in _wait_for_calls(path.read_text(encoding="utf-8"))
     ]
     assert not found, f"asyncio.wait_for can swallow a cancellation on Python 3.11; use asyncio.timeout: {found}"

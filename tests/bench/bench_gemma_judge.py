@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     base = gemma.ensure(gemma.default_root()).base_dir
     template = args.out / "gemma-turns.jinja"
     template.write_text(GEMMA_TURNS, encoding="utf-8")
-    # Two CPU cores generate ~30 tokens/s: a whole answer can take minutes, queueing included.
+    # Two CPU cores generate ~50 tokens/s shared by all requests: an answer can take minutes.
     config = args.out / "judge.yaml"
     config.write_text("judge:\n  llm:\n    request_timeout_seconds: 1800\n    max_attempts: 1\n", encoding="utf-8")
     spec = LocalVllmSpec(
