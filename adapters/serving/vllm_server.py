@@ -8,7 +8,7 @@ from types import TracebackType
 
 import structlog
 
-from sidecar.tools.local_vllm import LocalVllmServer, LocalVllmSpec, free_port
+from sidecar.tools.local_vllm import LocalVllmServer, LocalVllmSpec
 
 log = structlog.get_logger()
 
@@ -39,13 +39,20 @@ class VllmServer:
             max_model_len=max_model_len,
             max_lora_rank=max_lora_rank,
             max_logprobs=max_logprobs,
-            port=port or free_port(),
+            port=port,  # 0: the launcher picks one (and picks again if it is taken meanwhile)
             max_loras=len(lora_modules) or None,
         )
         self._server = LocalVllmServer(spec, log_path)
         self._timeout = startup_timeout_seconds
-        self.port = spec.port
-        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def port(self) -> int:
+        """The port served on; known once :meth:`start` returned when the spec left it to pick."""
+        return self._server.port
+
+    @property
+    def base_url(self) -> str:
+        return self._server.root_url
 
     def start(self) -> None:
         self._server.start()

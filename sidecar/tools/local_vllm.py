@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -24,11 +23,14 @@ from pathlib import Path
 import httpx
 
 from sidecar.errors import ConfigError
+from sidecar.tools.ports import free_port
 
 VLLM_PYTHON_ENV = "SIDECAR_VLLM_PYTHON"
 DEFAULT_VLLM_PYTHON = Path.home() / ".cache/sidecar/venv-vllm-0.32.0/bin/python"
 # Start-up on two CPU cores: ~60-90 s to load, plus the first request's warm-up.
 DEFAULT_START_TIMEOUT_SECONDS = 420.0
+# Starts retried on a fresh port when the one picked was taken before vLLM bound it.
+PORT_RETRIES = 3
 
 
 def vllm_python() -> Path:
@@ -39,12 +41,6 @@ def vllm_python() -> Path:
     if os.environ.get("SIDECAR_VLLM_VENV"):
         return Path(os.environ["SIDECAR_VLLM_VENV"]) / "bin" / "python"
     return DEFAULT_VLLM_PYTHON
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -125,6 +121,8 @@ class LocalVllmServer:
         self.python = python or vllm_python()
         self.port = spec.port or 0
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0  # where this start's output begins in the (appended) log
+        self._port_retries = 0
 
     @property
     def root_url(self) -> str:
@@ -157,6 +155,7 @@ class LocalVllmServer:
         }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
+            self._log_offset = log.tell()
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv built from the spec
                 self.spec.argv(self.python, self.port),
                 stdout=log,
@@ -174,9 +173,28 @@ class LocalVllmServer:
         return self._proc is not None and self._proc.poll() is None
 
     def _check_alive(self) -> None:
-        if self._proc is None or self._proc.poll() is not None:
-            code = None if self._proc is None else self._proc.returncode
-            raise RuntimeError(f"vLLM exited with {code} during start-up:\n{self.log_tail()}")
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        if self._port_was_taken() and self._port_retries < PORT_RETRIES:
+            # The port picked was free when picked and taken by the time vLLM bound it: pick again.
+            self._port_retries += 1
+            self.stop()
+            self.start()
+            return
+        code = None if self._proc is None else self._proc.returncode
+        raise RuntimeError(f"vLLM exited with {code} during start-up:\n{self.log_tail()}")
+
+    def _port_was_taken(self) -> bool:
+        """Whether this start died binding a port the launcher picked (not one the spec named)."""
+        if self._proc is None or self.spec.port:
+            return False
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_offset)
+                output = log.read()
+        except OSError:
+            return False
+        return b"Address already in use" in output
 
     def _serves_all(self, response: httpx.Response) -> bool:
         """Ready means every served name (base and LoRA modules) is listed by ``/v1/models``."""

@@ -17,13 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.tools.ports import free_port
+
 START_TIMEOUT_SECONDS = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

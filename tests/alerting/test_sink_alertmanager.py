@@ -17,8 +17,9 @@ from sidecar.alerting.alert import ALERT_KINDS, alert_id
 from sidecar.alerting.config import AlertmanagerSinkConfig
 from sidecar.alerting.sinks.alertmanager import AlertmanagerAlertSink
 from sidecar.alerting.sinks.base import AlertDeliveryError, AlertRejected
+from sidecar.tools.ports import free_port
 from tests.alerting.alerts import hostile_alert, make_alert
-from tests.alerting.servers import Alertmanager, free_port
+from tests.alerting.servers import Alertmanager
 
 RESOLVE_AFTER = 900.0
 

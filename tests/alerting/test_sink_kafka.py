@@ -15,8 +15,8 @@ from sidecar.alerting.sinks.base import AlertDeliveryError, AlertRejected
 from sidecar.alerting.sinks.kafka import KafkaAlertSink
 from sidecar.source.config import KafkaConfig
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.ports import free_port
 from tests.alerting.alerts import hostile_alert, make_alert
-from tests.alerting.servers import free_port
 from tests.integration.kafka_support import read_topic
 
 FAST_RETRY = RetryConfig(initial_backoff_seconds=0.05, max_backoff_seconds=0.2)

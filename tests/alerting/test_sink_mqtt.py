@@ -18,8 +18,9 @@ import pytest
 from sidecar.alerting.config import MqttSinkConfig, RetryConfig
 from sidecar.alerting.sinks.base import AlertDeliveryError, AlertRejected
 from sidecar.alerting.sinks.mqtt import MqttAlertSink
+from sidecar.tools.ports import free_port
 from tests.alerting.alerts import hostile_alert, make_alert
-from tests.alerting.servers import Mosquitto, free_port, wait_until
+from tests.alerting.servers import Mosquitto, wait_until
 
 FAST_RETRY = RetryConfig(initial_backoff_seconds=0.05, max_backoff_seconds=0.2)
 

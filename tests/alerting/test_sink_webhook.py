@@ -19,8 +19,8 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from sidecar.alerting.config import WebhookSinkConfig
 from sidecar.alerting.sinks.base import AlertDeliveryError, AlertRejected
 from sidecar.alerting.sinks.webhook import WebhookAlertSink
+from sidecar.tools.ports import free_port
 from tests.alerting.alerts import hostile_alert, make_alert
-from tests.alerting.servers import free_port
 
 SECRET = "whsec_" + base64.b64encode(b"receiver-and-sidecar-share-this!").decode()
 

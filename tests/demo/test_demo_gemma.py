@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.kafka_support import free_port, http_get
+from sidecar.tools.ports import free_port
+from tests.integration.kafka_support import http_get
 from tests.support.gemma import GemmaBase
 
 pytestmark = pytest.mark.slow

@@ -21,8 +21,9 @@ import pytest
 
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.demo.replay import conversation_events, encode, interleave, load_sample
+from sidecar.tools.ports import free_port
 from tests.deploy.chart import ToolMissing, helm_binary
-from tests.integration.kafka_support import SidecarProcess, free_port, produce_raw, write_config
+from tests.integration.kafka_support import SidecarProcess, produce_raw, write_config
 from tests.support.vllm_server import VllmServer
 
 TOPIC = "deploy"

@@ -26,14 +26,6 @@ from sidecar.tools.demo.replay import conversation_events, load_sample
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def shared_dir() -> Path:
     return Path(os.environ.get("SIDECAR_SHARED_DIR", REPO.parent / "shared"))
 

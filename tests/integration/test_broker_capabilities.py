@@ -25,10 +25,10 @@ from sidecar.source.config import KafkaConfig
 from sidecar.source.recovery import JournalReader
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.demo.replay import encode
+from sidecar.tools.ports import free_port
 from tests.integration.kafka_support import (
     REPO,
     SidecarProcess,
-    free_port,
     http_get,
     produce_raw,
     read_topic,

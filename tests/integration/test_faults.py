@@ -35,9 +35,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from sidecar.source.journal_entry import JournalSigner
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.demo.replay import encode, interleave
+from sidecar.tools.ports import free_port
 from tests.integration.kafka_support import (
     SidecarProcess,
-    free_port,
     ground_truth,
     http_get,
     produce_raw,

@@ -19,6 +19,7 @@ from sidecar.contract import Outcome, TurnContext
 from sidecar.source.journal import parse_metadata
 from sidecar.state.hooks import RecordingHooks
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.ports import free_port
 from tests.integration.kafka_support import produce_raw, produce_with_header_key, read_topic, result_keys, write_config
 
 
@@ -213,14 +214,6 @@ async def test_slow_hooks_pause_partitions_then_catch_up(kafka: str, tmp_path: P
     await r.close()
     assert r.metric("sidecar_partitions_paused") == 0
     assert len(await read_topic(kafka, f"{topic}.results")) == 400
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_readyz_and_metrics_over_http(kafka: str, tmp_path: Path, running: list[Running]) -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 import aiohttp
 
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
-from tests.integration.kafka_support import SidecarProcess, free_port, produce_raw, write_config
+from sidecar.tools.ports import free_port
+from tests.integration.kafka_support import SidecarProcess, produce_raw, write_config
 
 MIB = 1_048_576
 BUDGET = 48 * MIB

@@ -13,8 +13,9 @@ import aiohttp
 
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.demo.replay import conversation_events, encode, interleave, load_sample
+from sidecar.tools.ports import free_port
 from tests.integration.kafka_support import produce_raw, read_topic
-from tests.integration.test_kafka_source import Running, config, free_port
+from tests.integration.test_kafka_source import Running, config
 from tests.support.vllm_server import VllmServer
 
 

@@ -23,8 +23,9 @@ from adapters.cli import main
 from sidecar.config import load_config
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.demo.replay import conversation_events, encode, interleave
+from sidecar.tools.ports import free_port
 from tests.adapters.conftest import synthetic_conversation
-from tests.integration.kafka_support import free_port, produce_raw, read_topic, write_config
+from tests.integration.kafka_support import produce_raw, read_topic, write_config
 from tests.integration.test_kafka_source import Running
 from tests.support.vllm_server import VllmServer
 

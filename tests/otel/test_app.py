@@ -14,9 +14,10 @@ import pytest
 from sidecar.config import load_config
 from sidecar.evaluations.results import record_id
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.ports import free_port
 from tests.evaluations.receivers import OtlpReceiver
 from tests.evaluations.test_restart import Verdicts
-from tests.integration.kafka_support import free_port, read_topic, result_keys, write_config
+from tests.integration.kafka_support import read_topic, result_keys, write_config
 from tests.integration.test_kafka_source import Running
 from tests.otel.spans import chat_attrs, conversation, encode, make_span, model_calls, new_id, traces
 

@@ -22,8 +22,9 @@ import pytest
 
 from sidecar.config import load_config
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
+from sidecar.tools.ports import free_port
 from tests.evaluations.receivers import OtlpReceiver
-from tests.integration.kafka_support import REPO, free_port, read_topic, write_config
+from tests.integration.kafka_support import REPO, read_topic, write_config
 from tests.integration.test_kafka_source import Running
 from tests.otel.agent import AGENT, END_MARKER, INSTRUMENTATIONS
 from tests.otel.spans import decoded, dedup, native_events

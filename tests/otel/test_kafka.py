@@ -20,7 +20,8 @@ from sidecar.otel.producer import OtelEventProducer
 from sidecar.otel.receiver import OtlpHttpReceiver
 from sidecar.source.config import KafkaConfig
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
-from tests.integration.kafka_support import free_port, produce_raw, read_topic
+from sidecar.tools.ports import free_port
+from tests.integration.kafka_support import produce_raw, read_topic
 from tests.otel.spans import (
     chat_attrs,
     conversation,

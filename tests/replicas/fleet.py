@@ -17,7 +17,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.kafka_support import SidecarProcess, free_port, http_get, write_config
+from sidecar.tools.ports import free_port
+from tests.integration.kafka_support import SidecarProcess, http_get, write_config
 
 # Every family with a partition label (sidecar.telemetry.stream_metrics.StreamMetrics.PER_PARTITION).
 PER_PARTITION = (

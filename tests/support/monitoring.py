@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from sidecar.tools.ports import free_port
 from tests.deploy.chart import ToolMissing, tool
-from tests.integration.kafka_support import free_port
 
 START_SECONDS = 30.0
 LOG_TAIL_CHARS = 3000

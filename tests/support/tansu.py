@@ -31,13 +31,9 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from sidecar.tools.ports import free_port
+
 STARTUP_TIMEOUT_SECONDS = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tansu_binary() -> str:
@@ -60,7 +56,7 @@ class TansuBroker:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         url = f"tcp://127.0.0.1:{self.port}"
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(

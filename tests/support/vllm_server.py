@@ -50,7 +50,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.tools.local_vllm import LocalVllmServer, LocalVllmSpec, free_port
+from sidecar.tools.local_vllm import LocalVllmServer, LocalVllmSpec
+from sidecar.tools.ports import free_port
 from tests.support.tiny_model import END_TAG, TinyModel
 
 BASE_MODEL = "base"
@@ -195,11 +196,16 @@ def start_server(
     )
     local = LocalVllmServer(spec, log_path)
     local.start()
+    try:
+        local.wait_ready_blocking(STARTUP_TIMEOUT_SECONDS)
+    except BaseException:
+        local.stop()
+        raise
+    # The root URL is known only now: the launcher picks another port if the first was taken.
     server = VllmServer(
         root_url=local.root_url, model=model, log_path=log_path, prefix_caching=prefix_caching, _server=local,
     )  # fmt: skip
     try:
-        local.wait_ready_blocking(STARTUP_TIMEOUT_SECONDS)
         if warm_up:
             # The first request compiles and allocates; pay it here, not inside a test's timeout.
             _http_json(

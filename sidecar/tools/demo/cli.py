@@ -17,7 +17,6 @@ import itertools
 import math
 import os
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -42,6 +41,7 @@ from sidecar.tools.demo.replay import (
     produce,
 )
 from sidecar.tools.local_vllm import LocalVllmServer
+from sidecar.tools.ports import free_port
 
 if TYPE_CHECKING:  # rich (the tools extra) is imported when the demo runs, not when `sidecar run` parses
     from sidecar.tools.demo.display import DemoDisplay
@@ -208,12 +208,6 @@ def demo_events(records: Sequence[dict[str, Any]], *, loop: bool, concurrency: i
     return interleave(conversations(), concurrency=concurrency, seed=seed)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host if host not in ("", "0.0.0.0", "::") else "127.0.0.1", 0))  # noqa: S104 - compared, not bound
-        return int(s.getsockname()[1])
-
-
 def _metrics_url(config: SidecarConfig) -> str:
     host = config.http.host
     shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - compared, not bound
@@ -291,7 +285,7 @@ def _http_port(args: argparse.Namespace, base: SidecarConfig) -> int:
     port: int = args.http_port if args.http_port is not None else base.http.port
     if port == 0:
         # Picked here rather than by the server so the address can be printed before it starts.
-        port = _free_port(base.http.host)
+        port = free_port(base.http.host)
     return port
 
 
