@@ -25,22 +25,9 @@ import time
 from pathlib import Path
 
 from sidecar import cli
-from sidecar.tools.local_vllm import LocalVllmServer, LocalVllmSpec
+from tests.bench.gemma_chat import REQUEST_TIMEOUT_SECONDS, chat_server
 from tests.support import gemma
 from tests.support.corpora import corpora_dir
-
-# Gemma's turns; a system message (the judge sends one) becomes the first user turn's preamble.
-GEMMA_TURNS = (
-    "{{ bos_token }}"
-    "{% set ns = namespace(preamble='') %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}{% set ns.preamble = ns.preamble + m['content'] + '\\n\\n' %}"
-    "{% else %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
-    "{% if m['role'] == 'user' %}{{ ns.preamble }}{% set ns.preamble = '' %}{% endif %}"
-    "{{ m['content'] }}<end_of_turn>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,19 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     base = gemma.ensure(gemma.default_root()).base_dir
-    template = args.out / "gemma-turns.jinja"
-    template.write_text(GEMMA_TURNS, encoding="utf-8")
-    # Two CPU cores generate ~50 tokens/s shared by all requests: an answer can take minutes.
     config = args.out / "judge.yaml"
-    config.write_text("judge:\n  llm:\n    request_timeout_seconds: 1800\n    max_attempts: 1\n", encoding="utf-8")
-    spec = LocalVllmSpec(
-        model_dir=base,
-        max_model_len=8192,
-        seed=0,
-        kv_cache_gib=2,
-        extra_args=("--enforce-eager", "--chat-template", str(template)),
+    config.write_text(
+        f"judge:\n  llm:\n    request_timeout_seconds: {REQUEST_TIMEOUT_SECONDS}\n    max_attempts: 1\n",
+        encoding="utf-8",
     )
-    server = LocalVllmServer(spec, args.out / "vllm.log")
+    server = chat_server(base, args.out)
     began = time.monotonic()
     server.start()
     try:
@@ -86,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--base-url",
                 server.base_url,
                 "--model",
-                spec.served_name,
+                server.spec.served_name,
                 "--structured-output",
                 "vllm_structured_outputs",
                 "--max-tokens",
