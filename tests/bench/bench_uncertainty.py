@@ -6,7 +6,9 @@ shared corpora present, also every tau-bench airline dev conversation and a STAR
 disconnected dialogues, and equal numbers with user-reported success and failure), minus the
 conversations already in the sample. Model: the bundled base model and completion adapter
 (``adapters/artifacts``) on a local vLLM CPU server, served and configured as ``sidecar demo``
-does (``--url`` attaches to one already running).
+does (``--url`` attaches to one already running); or, with ``--model gemma3-270m``, Google's Gemma 3
+270M base model (pretrained, no completion adapter) as ``sidecar demo --model gemma3-270m`` serves
+and configures it: the instruct prompt for P(end) and the paper's tree settings (alpha 0.1).
 
 Per user turn, the sidecar's own tree path (``PromptBuilder.tree`` + ``TreeExpander``, the
 paper-format prompt in the demo's 256-token window): leaves, max logprob (as alerts report it),
@@ -21,6 +23,7 @@ user-reported task failure (among conversations that asked). ROC-AUC with 95% bo
 resampling conversations (turn-level AUCs too: a conversation's turns move together).
 
     .venv/bin/python -m tests.bench.bench_uncertainty [--url http://127.0.0.1:PORT] [--star 360]
+    .venv/bin/python -m tests.bench.bench_uncertainty --model gemma3-270m --sample 0 --tau 40 --star 60
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from sidecar.scoring.config import ScoringConfig
+from sidecar.scoring.prompts import PromptTooLong
 from sidecar.scoring.scorers import Scorers
 from sidecar.scoring.tree import ResponseTree, TreeBudget, TreeExpander
 from sidecar.tools.demo import models
@@ -64,16 +68,17 @@ from tests.support.corpora import corpora_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "sidecar" / "tools" / "demo" / "data" / "sample.jsonl.gz"
-OUT = REPO / "tests" / "bench" / "reports" / "uncertainty"
+REPORTS = REPO / "tests" / "bench" / "reports"
 WORK = REPO / "build" / "bench-uncertainty"
 CALIBRATION_DEPTHS = (1, 4)
+GEMMA_MESSAGE_TOKENS = 192
 
 
 def _rank(cid: str) -> str:
     return hashlib.sha256(cid.encode()).hexdigest()
 
 
-def shared_sets(star: int, exclude: set[str]) -> dict[str, list[EvalConversation]]:
+def shared_sets(star: int, exclude: set[str], tau_limit: int | None = None) -> dict[str, list[EvalConversation]]:
     """tau-bench dev (all) and a STAR dev subset, when the corpora are present."""
     root = corpora_dir()
     if not root.is_dir():
@@ -87,7 +92,7 @@ def shared_sets(star: int, exclude: set[str]) -> dict[str, list[EvalConversation
             turns = [{**t, "content": t["content"].replace("###STOP###", "").strip()} for t in rec["turns"]]
             rec["turns"] = [t for t in turns if t["content"] or t.get("tool_calls")]
             tau.append(eval_conversation(parse_line(json.dumps(rec).encode())))
-    out["tau-bench (shared)"] = [c for c in tau if c.conversation_id not in exclude]
+    out["tau-bench (shared)"] = [c for c in tau if c.conversation_id not in exclude][:tau_limit]
     groups: dict[str, list[EvalConversation]] = {"disc": [], "fail": [], "ok": []}
     with gzip.open(root / "star" / "dev.jsonl.gz", "rb") as fb:
         for raw in fb:
@@ -171,17 +176,21 @@ class Collector:
             decode=self.scorers.tokenizer.decode,
         )
 
-    def _actual(self, msgs: Sequence[Message], ctx: Sequence[Message], prompt: list[int]) -> list[int] | None:
+    def _actual(
+        self, msgs: Sequence[Message], ctx: Sequence[Message], prompt: list[int], dropped: int
+    ) -> list[int] | None:
         p = self.scorers.prompts
         head = p._paper(ctx, [Segment(next_step_header(ctx, "assistant"), trusted=True)])
-        assert head[-len(prompt) :] == prompt, "the live prompt is not the tail of the full rendering"
+        # A prompt that dropped old turns numbers its headers differently; one that dropped none must
+        # be the tail of the full rendering (the actual response's tokens follow it there).
+        assert dropped or head[-len(prompt) :] == prompt, "the live prompt is not the tail of the full rendering"
         full = p._paper(msgs)
         return full[len(head) :] if full[: len(head)] == head else None
 
     async def turn(self, conv: EvalConversation, t: int) -> dict[str, Any]:
         ctx = through_user_message(conv.messages, t)
-        prompt, _ = self.scorers.prompts.tree(ctx)
-        actual = self._actual(conv.messages, ctx, prompt) if len(ctx) < len(conv.messages) else None
+        prompt, dropped = self.scorers.prompts.tree(ctx)
+        actual = self._actual(conv.messages, ctx, prompt, dropped) if len(ctx) < len(conv.messages) else None
         row: dict[str, Any] = {"turn": t, "chars": sum(len(m.content) for m in ctx), "trees": {}}
         for name, expander in self.trees.items():
             tree = await expander.expand(self.model, prompt)
@@ -197,7 +206,13 @@ class Collector:
         return {"id": conv.conversation_id, "labels": dict(conv.labels), "turns": list(turns), "p_end": None}
 
     async def p_end(self, conv: EvalConversation) -> float | None:
-        return (await self.scorers.score_adapter(conv.messages, self.adapter)).p_end if self.adapter else None
+        """P(end) of the full transcript: the adapter's, or the base model's on the instruct prompt;
+        None where the last turn alone does not fit the window (the sidecar skips such a turn too)."""
+        try:
+            request = await self.scorers.completion_request(conv.messages, self.adapter)
+        except PromptTooLong:
+            return None
+        return (await request.score()).p_end
 
 
 def cached(cache: Path) -> dict[str, Any]:
@@ -236,13 +251,17 @@ async def collect(scorers: Scorers, convs: list[EvalConversation], cache: Path, 
         async with sem:
             done[c.conversation_id]["p_end"] = await coll.p_end(c)
 
-    if missing and coll.adapter:
+    if missing:
         await asyncio.gather(*(p_end(c) for c in missing))
         rewrite(cache, [done[c.conversation_id] for c in convs])
     return [done[c.conversation_id] for c in convs]
 
 
-def artifacts() -> str:
+def artifacts(model: str) -> str:
+    if model == "gemma3-270m":
+        base = models.gemma_base()
+        return f"Gemma 3 270M base ({models.GEMMA_PACKAGE} {models.GEMMA_VERSION}), imported to {base.name}, no adapter"
+
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
 
@@ -252,23 +271,30 @@ def artifacts() -> str:
     return f"adapters/artifacts at commit {commit}{dirty}, completion adapter sha256 {digest[:12]}"
 
 
-def bundled_config(base_url: str) -> ScoringConfig:
-    """The demo's scoring configuration (``sidecar.tools.demo.models``) with eval's overrides (every turn
-    scored, paper-format tree prompt)."""
-    found = models.bundled_model()
-    assert found is not None, models.scoring_unavailable_reason()
-    base, adapter = found
-    cfg = models.demo_scoring_config(base_url, base, adapter)
+def demo_config(base_url: str, model: str) -> ScoringConfig:
+    """The demo's scoring configuration for ``model`` (``sidecar.tools.demo.models``) with eval's
+    overrides (every turn scored, paper-format tree prompt)."""
+    if model == "gemma3-270m":
+        cfg = models.base_model_scoring_config(base_url, models.gemma_base())
+        # The demo's 1,024-token window cannot hold tau-bench's policy prompt whole (1,350 tokens with
+        # one turn): cap each message, as the bundled adapter's window does.
+        cfg["max_message_tokens"] = GEMMA_MESSAGE_TOKENS
+    else:
+        found = models.bundled_model()
+        assert found is not None, models.scoring_unavailable_reason()
+        base, adapter = found
+        cfg = models.demo_scoring_config(base_url, base, adapter)
     cfg["vllm"]["max_concurrency"] = 8
     return eval_scoring_config(ScoringConfig.model_validate(cfg))
 
 
 async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     t0 = time.monotonic()
-    scorers = Scorers.from_config(bundled_config(base_url), CollectorRegistry())
+    scorers = Scorers.from_config(demo_config(base_url, args.model), CollectorRegistry())
     await scorers.start()
     sample, _ = read_dataset(SAMPLE, max_bytes=64 * 1024 * 1024)
-    sets = {"sample": sample, **({} if args.no_shared else shared_sets(args.star, {c.conversation_id for c in sample}))}
+    shared = {} if args.no_shared else shared_sets(args.star, {c.conversation_id for c in sample}, args.tau)
+    sets = {name: convs for name, convs in {"sample": sample[: args.sample], **shared}.items() if convs}
     if args.limit:
         sets = {k: v[: args.limit] for k, v in sets.items()}
     args.work.mkdir(parents=True, exist_ok=True)
@@ -284,7 +310,13 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     report: dict[str, Any] = {
         "command": " ".join(["python -m tests.bench.bench_uncertainty", *argv]),
         "server": "attached (--url)" if args.url else "started by the script",
-        "artifacts": artifacts(),
+        "model": args.model,
+        "tree": {"alpha": scorers.config.tree.alpha, "max_depth_tokens": scorers.config.tree.max_depth_tokens},
+        "window": {
+            "max_prompt_tokens": scorers.config.max_prompt_tokens,
+            "max_message_tokens": scorers.config.max_message_tokens,
+        },
+        "artifacts": artifacts(args.model),
         "seconds": time.monotonic() - t0,
         "sets": {},
         "calibration": {},
@@ -295,6 +327,7 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         report["sets"][name] = {
             "conversations": len(rs),
             "turns": len(turns),
+            "p_end_missing": sum(1 for r in rs if r["p_end"] is None),
             "trees": {
                 kind: {
                     "mean_leaves": float(np.mean([t["trees"][kind]["leaves"] for t in turns])),
@@ -318,7 +351,8 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
                 for kind in (*(f"k{k}" for k in CALIBRATION_DEPTHS), "live")
             }
         report["auc"] += [{"set": name, **r} for r in outcome_table(rs, args.bootstrap)]
-    seen = seen_by_base()
+    # Which conversations the model was trained on is known for the bundled base only.
+    seen = seen_by_base() if args.model == "bundled" else None
     if seen is not None:  # is the tree better calibrated on conversations the model was trained on?
         every = [r for rs in rows.values() for r in rs]
         for label, keep in (("all sets: trained on", True), ("all sets: not trained on", False)):
@@ -332,19 +366,26 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default=None, help="attach to a vLLM server already serving the bundled model")
+    p.add_argument("--url", default=None, help="attach to a vLLM server already serving the model")
+    p.add_argument("--model", choices=models.MODELS, default="bundled", help="as `sidecar demo --model`")
+    p.add_argument("--sample", type=int, default=None, help="the first N conversations of the bundled sample")
+    p.add_argument("--tau", type=int, default=None, help="the first N tau-bench conversations (default: all)")
     p.add_argument("--star", type=int, default=180, help="STAR conversations from the shared corpus (a third each)")
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--no-shared", action="store_true", help="the bundled sample only")
     p.add_argument("--limit", type=int, default=None, help="the first N conversations of each set (smoke runs)")
-    p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--work", type=Path, default=WORK, help="per-conversation cache (resumable)")
+    p.add_argument("--out", type=Path, default=None, help="default: tests/bench/reports/uncertainty[-MODEL]")
+    p.add_argument("--work", type=Path, default=None, help="per-conversation cache (resumable)")
     args = p.parse_args()
+    suffix = "" if args.model == "bundled" else f"-{args.model}"
+    args.out = args.out or REPORTS / f"uncertainty{suffix}"
+    args.work = args.work or WORK.with_name(WORK.name + suffix)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the server below is stopped too
     server = None
     if args.url is None:
-        server = models.local_server(Path(tempfile.mkdtemp(prefix="bench-uncertainty-")) / "vllm.log")
+        log = Path(tempfile.mkdtemp(prefix="bench-uncertainty-")) / "vllm.log"
+        server = models.local_server(log, model=args.model)
         server.start()
         server.wait_ready_blocking()
     try:

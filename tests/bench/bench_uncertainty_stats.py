@@ -4,6 +4,7 @@ calibration of the tree as a distribution, the generated Markdown and the figure
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ def conv_stats(r: dict[str, Any]) -> dict[str, float]:
         "live: last turn leaves": float(last["leaves"]),
         "live: last turn -max logprob": -last["max_logprob"],
         "baseline: user turns": float(len(r["turns"])),
-        "reference: -P(end) of the full transcript": -(r["p_end"] if r["p_end"] is not None else 0.0),
+        "reference: -P(end) of the full transcript": -r["p_end"] if r["p_end"] is not None else math.nan,
     }
 
 
@@ -84,12 +85,13 @@ def outcome_table(rows: list[dict[str, Any]], n_boot: int) -> list[dict[str, Any
         ids = [r["id"] for r, _ in labelled]
         stats = [conv_stats(r) for r, _ in labelled]
         for name in stats[0]:
+            known = [i for i, s in enumerate(stats) if not math.isnan(s[name])]  # P(end) may be missing
             out.append(
                 {
                     "outcome": outcome,
                     "level": "conversation",
                     "statistic": name,
-                    **auc_ci(y, [s[name] for s in stats], ids, n_boot),
+                    **auc_ci([y[i] for i in known], [stats[i][name] for i in known], [ids[i] for i in known], n_boot),
                 }
             )
         turns = [(r["id"], v, t) for r, v in labelled for t in r["turns"]]
@@ -219,6 +221,7 @@ def _f(v: Any) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
+    tree = report.get("tree", {"alpha": 0.05, "max_depth_tokens": 24})  # reports from before it was recorded
     lines = [
         "# Response-tree uncertainty against outcomes (generated)",
         "",
@@ -226,16 +229,18 @@ def markdown(report: dict[str, Any]) -> str:
         f"Artifacts: {report['artifacts']}  ",
         f"Wall time: {report['seconds']:.0f} s; turns with trees: {report['trees']}",
         "",
-        "## Tree statistics (the demo's configuration: alpha 0.05, 24 tokens deep)",
+        f"## Tree statistics (the demo's configuration: alpha {tree['alpha']}, {tree['max_depth_tokens']} tokens deep)",
         "",
-        "| set | conversations | turns | tree | mean leaves | one-leaf trees | median max logprob | budget hits |",
-        "|---|---|---|---|---|---|---|---|",
+        "| set | conversations | turns | tree | mean leaves | one-leaf trees | median max logprob | budget hits "
+        "| P(end) missing |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for k, v in report["sets"].items():
         for kind, t in v["trees"].items():
             lines.append(
                 f"| {k} | {v['conversations']} | {v['turns']} | {kind} | {_f(t['mean_leaves'])} | "
-                f"{_f(t['one_leaf'])} | {_f(t['median_max_logprob'])} | {t['budget_hits']} |"
+                f"{_f(t['one_leaf'])} | {_f(t['median_max_logprob'])} | {t['budget_hits']} | "
+                f"{v.get('p_end_missing', 0)} |"
             )
     lines += [
         "",
