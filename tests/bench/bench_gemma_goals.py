@@ -60,6 +60,8 @@ FEW_SHOT = (
     "which pharmacy? user: the one on Main Street, I'll pick it up tomorrow. Answer: "
     '{"intent": "The user\'s high-level intent is to refill an inhaler prescription for pickup at a pharmacy."}'
 )
+# Words of the worked example that no dataset's goals need: a summary holding one repeats the example.
+ECHO_WORDS = ("inhaler", "pharmacy", "prescription")
 
 
 def load(name: str, n: int, seed: int = 0) -> tuple[list[list[Message]], list[str | None]]:
@@ -163,8 +165,9 @@ def markdown(results: list[dict[str, Any]], command: str, examples: int) -> str:
         "The Gemma model is a base model, not instruction-tuned, prompted with the paper's prompts"
         + ("." if "--zero-shot" in command else " and one worked example before the summary prompt."),
         "",
-        "| dataset | n | mode | clusters | name has a key term | ARI | LLM calls | invalid answers | seconds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| dataset | n | mode | clusters | name has a key term | ARI | LLM calls | invalid answers "
+        "| merges / merge queries | summaries echoing the example | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for mode in ("extractive", "gemma"):
@@ -172,9 +175,12 @@ def markdown(results: list[dict[str, Any]], command: str, examples: int) -> str:
             calls = sum(m.get("calls", {}).values())
             bad = m.get("invalid_answers", {})
             shown_bad = ", ".join(f"{k} {v}" for k, v in sorted(bad.items()) if v) or ("0" if calls else "-")
+            algo = m.get("algorithm", {})
+            echo = sum(any(w in s.lower() for w in ECHO_WORDS) for s in m["summaries"])
             lines.append(
                 f"| {r['dataset']} | {r['n']} | {mode} | {m['k']} | {m['name_has_key_term']:.0%} | {m['ari']:.3f} "
-                f"| {calls or '-'} | {shown_bad} | {m['seconds']['total']:.0f} |"
+                f"| {calls or '-'} | {shown_bad} | {algo.get('merges', '-')} / {algo.get('merge_queries', '-')} "
+                f"| {echo} | {m['seconds']['total']:.0f} |"
             )
     for r in results:
         lines += ["", f"## {r['dataset']}: summaries of the first conversations", ""]
