@@ -219,6 +219,7 @@ class MqttAlertSink:
                 delay = backoff.delay()
             finally:
                 self._connected.clear()
+            _raise_if_cancel_swallowed()
             await asyncio.sleep(delay)
 
     # -- delivery -----------------------------------------------------------------------------
@@ -266,3 +267,16 @@ class MqttAlertSink:
         if self._link.failing:
             return self._link.health()
         return self._acks.health(f"connected to {self._cfg.host}:{self._cfg.port}")
+
+
+def _raise_if_cancel_swallowed() -> None:
+    """Re-raise a cancellation that aiomqtt's connect swallowed.
+
+    aiomqtt waits for CONNACK with ``asyncio.wait_for``; on Python 3.11 a cancel that lands as the
+    broker's refusal arrives is dropped (CPython gh-86296) and ``MqttConnectError`` is raised
+    instead, so the reconnect loop would run on and ``stop()`` would wait for ever. The task's
+    ``cancelling()`` count still records the request.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
