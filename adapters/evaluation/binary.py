@@ -58,3 +58,17 @@ def binary_metrics(
             "true_incomplete_pred_incomplete": tn,
         },
     }
+
+
+def flat_metrics(labels: list[bool], predicted: list[bool], p_end: list[float]) -> dict[str, Any]:
+    """The figures the curve and leave-one-out reports tabulate, one level deep ("complete" positive)."""
+    m = binary_metrics(labels, predicted, p_end)
+    return {
+        "f1_complete": m["complete"]["f1"],
+        "f1_incomplete": m["incomplete"]["f1"],
+        "accuracy": m["accuracy"],
+        "roc_auc": m["roc_auc"],
+        "precision_complete": m["complete"]["precision"],
+        "recall_complete": m["complete"]["recall"],
+        "n": m["n"],
+    }

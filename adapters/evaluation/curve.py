@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 
 from adapters.data.conversations import messages_from_json
-from adapters.evaluation.binary import binary_metrics
+from adapters.evaluation.binary import flat_metrics
 from adapters.onboarding.cli import inherited_recipe
 from adapters.onboarding.onboard import OnboardSpec, run_onboarding, score_examples
 
@@ -35,19 +35,6 @@ log = structlog.get_logger()
 def _lines(path: Path) -> list[dict[str, Any]]:
     with path.open(encoding="utf-8") as fh:
         return [json.loads(x) for x in fh if x.strip()]
-
-
-def _metrics(labels: list[bool], predicted: list[bool], p_end: list[float]) -> dict[str, Any]:
-    m = binary_metrics(labels, predicted, p_end)
-    return {
-        "f1_complete": m["complete"]["f1"],
-        "f1_incomplete": m["incomplete"]["f1"],
-        "accuracy": m["accuracy"],
-        "roc_auc": m["roc_auc"],
-        "precision_complete": m["complete"]["precision"],
-        "recall_complete": m["complete"]["recall"],
-        "n": m["n"],
-    }
 
 
 def score_test_side(
@@ -80,7 +67,7 @@ def point(args: argparse.Namespace, dataset: str, n: int) -> dict[str, Any]:
         labels, p_end, greedy = score_test_side(args.base, loo, args.data, dataset, ctx=ctx, cap=cap)
         return {
             "n": 0,
-            "greedy": _metrics(labels, greedy, p_end),
+            "greedy": flat_metrics(labels, greedy, p_end),
             "threshold": None,
             "onboarding_seconds": 0.0,
             **_elsewhere(args, loo, ctx, cap),
@@ -112,8 +99,8 @@ def point(args: argparse.Namespace, dataset: str, n: int) -> dict[str, Any]:
     threshold = steps["validation"]["after"]["p_end_threshold"]  # calibrated, whichever rule was recommended
     return {
         "n": len(train),
-        "greedy": _metrics(labels, greedy, p_end),
-        "threshold": None if threshold is None else _metrics(labels, [p >= threshold for p in p_end], p_end),
+        "greedy": flat_metrics(labels, greedy, p_end),
+        "threshold": None if threshold is None else flat_metrics(labels, [p >= threshold for p in p_end], p_end),
         "p_end_threshold": threshold,
         "recommended_rule": steps["validation"]["after"]["recommended_rule"],
         "validation_f1": result["validation_f1"],
@@ -140,7 +127,7 @@ def _elsewhere(args: argparse.Namespace, adapter: Path, ctx: int, cap: int | Non
     out = {}
     for other in args.also_test:
         labels, p_end, greedy = score_test_side(args.base, adapter, args.data, other, ctx=ctx, cap=cap, exclude=mixed)
-        out[other] = _metrics(labels, greedy, p_end)
+        out[other] = flat_metrics(labels, greedy, p_end)
     return {"elsewhere": out, "elsewhere_excluded_as_mixed": len(mixed)}
 
 

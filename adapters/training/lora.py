@@ -416,6 +416,7 @@ def train_lora(
     )
     return {
         "sequences": len(seqs),
+        "per_dataset": counts,
         "steps": result["steps"],
         "train_seconds": result["train_seconds"],
         "loss_first_10": first,
