@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from adapters.data.conversations import messages_from_json
 from adapters.evaluation.binary import flat_metrics
 from adapters.onboarding.cli import inherited_recipe
 from adapters.onboarding.onboard import OnboardSpec, run_onboarding, score_examples
+from adapters.serving.manifest import recorded_command
 
 log = structlog.get_logger()
 
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "curve.json"
     doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"points": {}}
-    doc["command"] = "python -m adapters.evaluation.curve " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    doc["command"] = recorded_command("python -m adapters.evaluation.curve")
     doc["ceilings"] = ceilings(args.ceilings)
     for dataset in args.datasets:
         available = sum(1 for _ in (args.data / dataset / "train.jsonl").open())

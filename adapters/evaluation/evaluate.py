@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -37,7 +35,7 @@ from adapters.data.tokenizer import END_TAG, encode_messages, encode_plain, load
 from adapters.evaluation.baseline import tail_text, train_classifier
 from adapters.evaluation.binary import binary_metrics
 from adapters.evaluation.report import write_report
-from adapters.serving.manifest import file_sha256, message_cap, write_manifest
+from adapters.serving.manifest import file_sha256, message_cap, recorded_command, write_manifest
 from adapters.serving.vllm_server import VllmServer
 from sidecar.scoring.completion import CompletionScorer
 from sidecar.scoring.config import ScoringConfig
@@ -206,7 +204,7 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await scoring.scorers.stop()
     wall = round(time.monotonic() - t0, 1)
-    command = args.command_line or "adapters " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = args.command_line or recorded_command("adapters")
     meta = {
         "command": command,
         "wall_seconds": wall,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import structlog
 
 from adapters.data.conversations import messages_from_json
 from adapters.errors import DataError
+from adapters.serving.manifest import recorded_command
 
 log = structlog.get_logger()
 
@@ -188,17 +188,11 @@ def point(args: argparse.Namespace, base_name: str, base: Path, dataset: str, do
     return p
 
 
-def recorded_command() -> str:
-    """This run's command line for the report, the home directory written ``~`` (reports are committed)."""
-    home = str(Path.home())
-    return "python -m adapters.evaluation.lodo " + " ".join(shlex.quote(a).replace(home, "~") for a in sys.argv[1:])
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "lodo.json"
     doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"points": {}}
-    doc["command"] = recorded_command()
+    doc["command"] = recorded_command("python -m adapters.evaluation.lodo")
     doc["bases"] = list(args.bases)
     doc["datasets"] = list(args.datasets)
     doc["per_dataset"], doc["test_per_label"], doc["calibrate"] = args.per_dataset, args.test, args.calibrate

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from adapters.evaluation import lodo
+from adapters.serving.manifest import recorded_command
 from tests.adapters.conftest import synthetic_conversation
 from tests.support.tiny_model import TinyModel
 
@@ -167,6 +168,12 @@ def test_two_bases_may_not_share_a_name(
 
 def test_the_recorded_command_names_the_home_directory_as_a_tilde(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.argv", ["lodo", "--base", f"g={Path.home()}/models/g", "--out", "x y"])
-    command = lodo.recorded_command()
+    command = recorded_command("python -m adapters.evaluation.lodo")
     assert str(Path.home()) not in command
-    assert "g=~/models/g" in command and "'x y'" in command
+    assert command == "python -m adapters.evaluation.lodo --base g=~/models/g --out 'x y'"
+    assert recorded_command("adapters", ["eval", "--out", f"{Path.home()}/r"]) == "adapters eval --out ~/r"
+
+
+def test_a_root_home_directory_leaves_paths_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", "/")
+    assert recorded_command("adapters", ["eval", "--out", "/data/r"]) == "adapters eval --out /data/r"
