@@ -68,9 +68,11 @@ class SidecarProcess:
         self.log_path = log_path
         self.argv = argv or ["-m", "sidecar", "run"]
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
 
     def start(self) -> None:
         log = self.log_path.open("ab")
+        self._log_start = log.tell()
         self.proc = subprocess.Popen(
             [sys.executable, *self.argv, "--config", str(self.config)],
             stdout=log,
@@ -97,6 +99,10 @@ class SidecarProcess:
                 self.proc.wait()
                 return -9
         return int(self.proc.returncode)
+
+    def said_anything(self) -> bool:
+        """Whether the current process has written to its log (restarts append to one file)."""
+        return self.log_path.stat().st_size > self._log_start
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -191,7 +192,12 @@ async def run_scenario(
             for fault in faults:
                 await asyncio.sleep(rng.uniform(3.0, 7.0))
                 if fault == "term":
-                    assert sidecar.terminate(timeout=60) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+                    code = sidecar.terminate(timeout=60)
+                    # A SIGTERM can land before the interpreter reaches the handler that makes a
+                    # stop during start-up clean (a loaded node: seconds). Such a process has read
+                    # nothing and written nothing, so it has nothing to lose; any other stop is 0.
+                    early = code == -signal.SIGTERM and not sidecar.said_anything()
+                    assert code == 0 or early, (tmp_path / f"{name}.log").read_text()[-3000:]
                     sidecar.start()
                 elif fault == "kill":
                     sidecar.kill()
