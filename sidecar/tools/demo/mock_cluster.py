@@ -73,6 +73,10 @@ class MockKafkaCluster:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # Out of the caller's process group: Ctrl-C in a terminal signals the whole group, and
+            # the broker must outlive the sidecar's drain. Its owner stops it (stdin closes, also
+            # when the owner dies).
+            start_new_session=True,
         )
         assert self._proc.stdout is not None
         ready, _, _ = select.select([self._proc.stdout], [], [], self._timeout)
