@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import structlog
 
 from adapters.data.conversations import messages_from_json
 from adapters.errors import DataError
 from adapters.serving.manifest import recorded_command
+from sidecar.tools.classification import grouped_bootstrap
 
 log = structlog.get_logger()
 
@@ -59,25 +61,24 @@ def interval(
     groups: list[str], labels: list[bool], predicted: list[bool], p_end: list[float], seed: int = 0
 ) -> dict[str, list[float] | None]:
     """95 % percentile bootstrap of F1(complete) and ROC-AUC, resampling conversations (a whole and a
-    cut copy of one conversation are not independent)."""
+    cut copy of one conversation are not independent); both figures see the same draws."""
     from sklearn.metrics import f1_score, roc_auc_score
 
-    ids = sorted(set(groups))
-    rows = {g: [i for i, x in enumerate(groups) if x == g] for g in ids}
-    rng = np.random.default_rng(seed)
     y, yhat, p = np.array(labels), np.array(predicted), np.array(p_end)
-    f1s, aucs = [], []
-    for _ in range(BOOTSTRAP_ROUNDS):
-        pick = np.concatenate([rows[ids[k]] for k in rng.integers(0, len(ids), len(ids))])
-        f1s.append(f1_score(y[pick], yhat[pick], zero_division=0.0))
-        if y[pick].all() or not y[pick].any():
-            continue
-        aucs.append(roc_auc_score(y[pick], p[pick]))
+
+    def f_complete(pick: npt.NDArray[np.intp]) -> float:
+        return float(f1_score(y[pick], yhat[pick], zero_division=0.0))
+
+    def auc(pick: npt.NDArray[np.intp]) -> float | None:
+        return None if y[pick].all() or not y[pick].any() else float(roc_auc_score(y[pick], p[pick]))
 
     def q(xs: list[float]) -> list[float] | None:
         return [round(float(np.percentile(xs, 2.5)), 3), round(float(np.percentile(xs, 97.5)), 3)] if xs else None
 
-    return {"f1_complete": q(f1s), "roc_auc": q(aucs)}
+    return {
+        "f1_complete": q(grouped_bootstrap(groups, f_complete, BOOTSTRAP_ROUNDS, seed)),
+        "roc_auc": q(grouped_bootstrap(groups, auc, BOOTSTRAP_ROUNDS, seed)),
+    }
 
 
 def calibration_examples(data: Path, dataset: str, count: int) -> list[tuple[str, list[Any], bool]]:

@@ -1,5 +1,6 @@
 """Precision, recall and F1: the one implementation, used by ``sidecar eval``, ``sidecar judge``,
-the simulator's ROUGE and ``adapters`` evaluation and calibration.
+the simulator's ROUGE and ``adapters`` evaluation and calibration; and the one bootstrap over
+conversations that puts intervals on such figures.
 
 Undefined ratios are None (no predicted positives: precision; no true positives: recall; either:
 F1), and each caller says what it reports instead. F1 is computed from the counts,
@@ -8,8 +9,11 @@ F1), and each caller says what it reports instead. F1 is computed from the count
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +52,28 @@ def precision_recall_f1(tp: int, fp: int, fn: int) -> tuple[float | None, float 
 def f_measure(precision: float, recall: float) -> float:
     """The harmonic mean of a precision and a recall given as ratios (0.0 when both are 0)."""
     return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+
+
+def grouped_bootstrap(
+    groups: Sequence[str], statistic: Callable[[npt.NDArray[np.intp]], float | None], rounds: int, seed: int = 0
+) -> list[float]:
+    """Bootstrap samples of ``statistic`` that resample whole groups (conversations), not rows: the
+    turns or copies of one conversation are not independent samples.
+
+    Each round draws as many groups as there are, with replacement, and calls ``statistic`` with
+    the row indices of the drawn groups (a group drawn twice appears twice); a round it answers
+    None for (a draw with one class only, say) is left out. The same ``seed`` draws the same rounds,
+    so two statistics computed with one seed are paired."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
+    if not groups:
+        return []
+    ids, inverse = np.unique(np.asarray(groups), return_inverse=True)
+    members = [np.flatnonzero(inverse == k) for k in range(len(ids))]
+    rng = np.random.default_rng(seed)
+    out: list[float] = []
+    for _ in range(rounds):
+        value = statistic(np.concatenate([members[k] for k in rng.integers(0, len(ids), len(ids))]))
+        if value is not None:
+            out.append(value)
+    return out

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from sidecar.tools.classification import grouped_bootstrap
+
 DISCONNECTS = ("DisconnectDuringDialogue", "EarlyDisconnectDuringDialogue")
 CALIBRATION_ALPHA = 0.01
 LEAF_BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
@@ -32,13 +34,12 @@ def auc_ci(y: Sequence[bool], s: Sequence[float], groups: Sequence[str], n_boot:
     # At least 5 conversations on each side: turns of one conversation are not independent samples.
     if len(set(g_arr[y_arr])) < 5 or len(set(g_arr[~y_arr])) < 5:
         return {"auc": None, "lo": None, "hi": None, **counts}
-    ids, inverse = np.unique(g_arr, return_inverse=True)
-    members = [np.flatnonzero(inverse == k) for k in range(len(ids))]
-    rng, boots = np.random.default_rng(seed), []
-    for _ in range(n_boot):
-        pick = np.concatenate([members[k] for k in rng.integers(0, len(ids), len(ids))])
-        if 0 < y_arr[pick].sum() < len(pick):
-            boots.append(auc(y_arr[pick], s_arr[pick]))
+    boots = grouped_bootstrap(
+        groups,
+        lambda pick: auc(y_arr[pick], s_arr[pick]) if 0 < y_arr[pick].sum() < len(pick) else None,
+        n_boot,
+        seed,
+    )
     lo, hi = np.percentile(boots, [2.5, 97.5])
     assert abs(auc(y_arr, s_arr) - roc_auc_score(y_arr, s_arr)) < 1e-9
     return {"auc": auc(y_arr, s_arr), "lo": float(lo), "hi": float(hi), **counts}
