@@ -172,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
     ev.add_argument("--max-context-tokens", type=positive_int, default=512)
     ev.add_argument("--max-examples", type=positive_int, default=None, help="per dataset and label set")
     ev.add_argument("--port", type=int, default=0)
+    ev.add_argument(
+        "--skip-base",
+        action="store_true",
+        help="do not score the base model alone (on a large base every such verdict is a forced request)",
+    )
     ev.add_argument("--command-line", default=None, help="recorded in the report")
 
     va = sub.add_parser("validate", help="protocol on unseen train-side conversations, in-process (recipe choice)")
@@ -230,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat list 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what reports record as their command
     if args.command == "import-gguf" and (args.gguf_file is None) == (args.package is None):
         parser.error("import-gguf takes GGUF_FILE OUT_DIR or --package NAME OUT_DIR")
     if args.command == "train-lora":

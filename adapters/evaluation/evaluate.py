@@ -9,9 +9,10 @@ window the adapter was trained on (``adapters.data.tokenizer.encode_messages``, 
 
 A method predicts "complete" iff the greedy next token is the end tag (the paper's rule); P(end)
 gives the ROC-AUC. Methods: the adapter; the same adapter trained without the end tag; the base
-model alone; and a supervised classifier trained with the labels (ceiling reference). Because the
-two ablations can never emit the end tag by construction, they are also scored with the tag-free
-rule "complete iff the greedy next token does not open a new TURN block" (``*_turn_rule``).
+model alone (``--skip-base`` leaves it out); and a supervised classifier trained with the labels
+(ceiling reference). Because the two ablations can never emit the end tag by construction, they are
+also scored with the tag-free rule "complete iff the greedy next token does not open a new TURN
+block" (``*_turn_rule``).
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
     tok = load_tokenizer(args.base)
     end_id = special_id(tok, END_TAG)
     turn_id = encode_plain(tok, "TURN 1, STEP 1, user chat:\n")[0]
-    models = {"adapter": "completion", "base_only": "base"}
+    models = {"adapter": "completion"} if args.skip_base else {"adapter": "completion", "base_only": "base"}
     loras = {"completion": args.adapter}
     if args.adapter_no_end_tag is not None:
         models["no_end_tag"] = "completion_noend"
@@ -204,7 +205,7 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await scoring.scorers.stop()
     wall = round(time.monotonic() - t0, 1)
-    command = args.command_line or recorded_command("adapters")
+    command = args.command_line or recorded_command("adapters", getattr(args, "argv", None))
     meta = {
         "command": command,
         "wall_seconds": wall,
@@ -214,6 +215,7 @@ async def _run_eval(args: argparse.Namespace) -> dict[str, Any]:
         "turn_token_id": turn_id,
         "classifier_train_examples": clf_n,
         "scored_by": "sidecar.scoring.scorers.Scorers.score_adapter (prompt_truncation: tail)",
+        "methods": [*models, "supervised_classifier"],
         "p_end_methods": dict(methods_used),
         "adapter_sha256": file_sha256(args.adapter / "adapter_model.safetensors"),
         "base_sha256": file_sha256(args.base / "model.safetensors"),
