@@ -24,10 +24,11 @@ from typing import Any
 import structlog
 
 from adapters.data.conversations import messages_from_json
+from adapters.errors import DataError
 from adapters.evaluation.binary import flat_metrics
+from adapters.evaluation.points import open_points, save_points
 from adapters.onboarding.cli import inherited_recipe
 from adapters.onboarding.onboard import OnboardSpec, run_onboarding, score_examples
-from adapters.serving.manifest import recorded_command
 
 log = structlog.get_logger()
 
@@ -145,8 +146,7 @@ def ceilings(report: Path) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "curve.json"
-    doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"points": {}}
-    doc["command"] = recorded_command("python -m adapters.evaluation.curve")
+    doc = open_points(path, "python -m adapters.evaluation.curve")
     doc["ceilings"] = ceilings(args.ceilings)
     for dataset in args.datasets:
         available = sum(1 for _ in (args.data / dataset / "train.jsonl").open())
@@ -159,8 +159,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             log.info("adapters.curve.point", dataset=dataset, size=size)
             doc["points"][key] = point(args, dataset, min(size, available))
-            path.write_text(json.dumps(doc, indent=2) + "\n")
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+            save_points(path, doc)
+    save_points(path, doc)
     from adapters.evaluation.curve_report import write_curve_report
 
     write_curve_report(args.out, doc, args.datasets, args.sizes)
@@ -190,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ceilings", type=Path, default=Path(__file__).resolve().parents[1] / "reports" / "report.json")
     args = p.parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    run(args)
+    try:
+        run(args)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -29,7 +29,7 @@ import structlog
 
 from adapters.data.conversations import messages_from_json
 from adapters.errors import DataError
-from adapters.serving.manifest import recorded_command
+from adapters.evaluation.points import open_points, save_points
 from sidecar.tools.classification import grouped_bootstrap
 
 log = structlog.get_logger()
@@ -192,8 +192,7 @@ def point(args: argparse.Namespace, base_name: str, base: Path, dataset: str, do
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "lodo.json"
-    doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"points": {}}
-    doc["command"] = recorded_command("python -m adapters.evaluation.lodo")
+    doc = open_points(path, "python -m adapters.evaluation.lodo")
     doc["bases"] = list(args.bases)
     doc["datasets"] = list(args.datasets)
     doc["per_dataset"], doc["test_per_label"], doc["calibrate"] = args.per_dataset, args.test, args.calibrate
@@ -205,8 +204,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             log.info("adapters.lodo.point", base=name, held_out=dataset)
             doc["points"][key] = point(args, name, base, dataset, done)
-            path.write_text(json.dumps(doc, indent=2) + "\n")
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+            save_points(path, doc)
+    save_points(path, doc)
     from adapters.evaluation.lodo_report import write_lodo_report
 
     write_lodo_report(args.out, doc)
