@@ -89,6 +89,10 @@ def test_the_cache_keeps_only_probabilities_and_survives_a_cut_short_file(tmp_pa
         (["--train-on", "taubench_airline"], "taubench_airline"),
         (["--base", "nodir"], "expected NAME=DIR"),
         (["--base", "=x"], "expected NAME=DIR"),
+        (["--per-dataset", "0"], "at least 1"),
+        (["--star", "-3"], "at least 1"),
+        (["--bootstrap", "0"], "at least 1"),
+        (["--tau", "many"], "invalid int value"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(

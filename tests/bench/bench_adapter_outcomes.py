@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=REPO / "build" / "bench-adapter-outcomes")
     p.add_argument("--out", type=Path, default=REPORTS / "adapter-outcomes")
     args = p.parse_args(argv)
+    if min(args.per_dataset, args.tau, args.star, args.bootstrap) < 1:
+        p.error("--per-dataset, --tau, --star and --bootstrap must be at least 1")
     refused = sorted({"star", "taubench_airline"} & set(args.train_on))
     if refused:
         p.error(f"--train-on must not hold the data sets the outcomes come from: {', '.join(refused)}")
