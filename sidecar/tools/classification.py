@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # numpy is loaded by the bootstrap only: the F1 helpers stay light to import
+    import numpy as np
+    import numpy.typing as npt
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,8 @@ def grouped_bootstrap(
     the row indices of the drawn groups (a group drawn twice appears twice); a round it answers
     None for (a draw with one class only, say) is left out. The same ``seed`` draws the same rounds,
     so two statistics computed with one seed are paired."""
+    import numpy as np
+
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, not {rounds}")
     if not groups:
