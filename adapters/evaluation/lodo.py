@@ -212,17 +212,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def _base(value: str) -> tuple[str, Path]:
+def base_argument(value: str) -> tuple[str, Path]:
+    """``--base NAME=DIR`` (``~`` in DIR is the home directory, also when the shell left it)."""
     name, sep, directory = value.partition("=")
     if not sep or not name or not directory:
         raise argparse.ArgumentTypeError(f"expected NAME=DIR, got {value!r}")
-    return name, Path(directory)
+    return name, Path(directory).expanduser()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m adapters.evaluation.lodo", description=__doc__)
     p.add_argument("--data", type=Path, required=True, help="output of `adapters prepare`")
-    p.add_argument("--base", dest="base_list", type=_base, action="append", required=True, help="NAME=DIR, repeated")
+    p.add_argument("--base", dest="base_list", type=base_argument, action="append", required=True, help="NAME=DIR")
     p.add_argument("--datasets", type=lambda v: v.split(","), required=True)
     p.add_argument("--per-dataset", type=int, default=8, help="train-side conversations of each other data set")
     p.add_argument("--test", type=int, default=20, help="test examples of each label per held-out data set")

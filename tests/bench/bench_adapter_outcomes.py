@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adapters.evaluation.lodo import base_argument
 from adapters.serving.manifest import recorded_command
 from sidecar.tools.eval.dataset import EvalConversation, read_dataset
 from sidecar.transcript.model import count_turns
@@ -210,17 +211,10 @@ def plot(sets: dict[str, list[EvalConversation]], scores: dict[str, dict[str, fl
     plt.close(fig)
 
 
-def _base(value: str) -> tuple[str, Path]:
-    name, sep, directory = value.partition("=")
-    if not sep or not name or not directory:
-        raise argparse.ArgumentTypeError(f"expected NAME=DIR, got {value!r}")
-    return name, Path(directory).expanduser()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True, help="output of `adapters prepare`")
-    p.add_argument("--base", dest="bases", type=_base, action="append", required=True, help="NAME=DIR, repeated")
+    p.add_argument("--base", dest="bases", type=base_argument, action="append", required=True, help="NAME=DIR")
     p.add_argument("--train-on", type=lambda v: v.split(","), default=["sgd", "multiwoz", "optimouse"])
     p.add_argument("--per-dataset", type=int, default=10)
     p.add_argument("--tau", type=int, default=40)
