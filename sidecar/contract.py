@@ -115,6 +115,33 @@ class TreeBranch:
 
 
 @dataclass(frozen=True, slots=True)
+class Provenance:
+    """Who judged: the evaluator (this package) and its version, the base model served, the adapter
+    and its version (None when the base model judged), the rule that turned scores into the verdict
+    and its threshold (None when the rule has none, e.g. the greedy end-tag rule)."""
+
+    evaluator: str
+    evaluator_version: str
+    base_model: str
+    adapter: str | None
+    adapter_version: str | None
+    rule: str
+    threshold: float | None = None
+
+    def as_dict(self) -> dict[str, str | float | None]:
+        """The JSON form the results topic and the results-out sinks carry."""
+        return {
+            "evaluator": self.evaluator,
+            "evaluator_version": self.evaluator_version,
+            "base_model": self.base_model,
+            "adapter": self.adapter,
+            "adapter_version": self.adapter_version,
+            "rule": self.rule,
+            "threshold": self.threshold,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class TreeScored:
     """A response tree for the turn a user message opened (paper Section 4.3)."""
 
@@ -127,6 +154,7 @@ class TreeScored:
     model: str
     best_branch: str | None = None
     branches: tuple[TreeBranch, ...] = ()
+    provenance: Provenance | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +167,7 @@ class CompletionScored:
     model: str
     final: bool = False
     remaining_tasks: str | None = None
+    provenance: Provenance | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +204,14 @@ class Scored(dict[str, Any]):
     def __init__(self, data: Mapping[str, Any], events: Iterable[OutcomeEvent] = ()) -> None:
         super().__init__(data)
         self.events: tuple[OutcomeEvent, ...] = tuple(events)
+
+
+def provenance_of(events: Iterable[OutcomeEvent]) -> Provenance | None:
+    """The provenance of the first verdict among ``events`` that carries one."""
+    for e in events:
+        if isinstance(e, TreeScored | CompletionScored) and e.provenance is not None:
+            return e.provenance
+    return None
 
 
 def events_of(outcome: Outcome) -> tuple[OutcomeEvent, ...]:

@@ -3,7 +3,9 @@
 Shape (Langfuse public API, ``ScoreBody``): ``id`` (the result's stable id, so a re-sent score
 updates the same score), ``name``, ``value`` and ``dataType`` (``NUMERIC`` with the score, or
 ``CATEGORICAL`` with the label when a result has no score, as ``user_goal``), ``comment`` (the
-explanation), ``metadata`` (label, turn, hook), ``environment`` when configured, and the subject:
+explanation), ``metadata`` (label, turn, hook, and who judged: ``evaluator``,
+``evaluator_version``, ``base_model``, ``adapter``, ``adapter_version``, ``rule``, ``threshold``,
+those known), ``environment`` when configured, and the subject:
 ``traceId`` + ``observationId`` (Langfuse's ids for OpenTelemetry data are the hex trace and span
 ids) when the conversation's events carried them, else ``sessionId`` = the conversation id.
 Authentication is HTTP basic with the project's public key as user and secret key as password.
@@ -40,7 +42,7 @@ def score_body(result: EvaluationResult, environment: str | None = None) -> dict
         body["sessionId"] = result.conversation_id
     if result.explanation is not None:
         body["comment"] = result.explanation
-    metadata: dict[str, Any] = {"turn": result.turn, "hook": result.hook}
+    metadata: dict[str, Any] = {"turn": result.turn, "hook": result.hook, **result.provenance_metadata()}
     if result.label is not None:
         metadata["label"] = result.label
     if result.final:

@@ -8,6 +8,12 @@ events carried OpenTelemetry ids; otherwise it carries ``gen_ai.conversation.id`
 also carries ``log.record.uid`` (the result's stable id: a re-sent record is a duplicate a backend
 may drop), ``gen_ai.agent.name`` when the conversation has one, and ``sidecar.turn``,
 ``sidecar.hook`` and, on the conversation's final completion verdict, ``sidecar.final``.
+
+Who judged: ``gen_ai.evaluation.evaluator.id`` (``llm-agent-sidecar``) and
+``gen_ai.evaluation.evaluator.version`` (the package version), from the open proposal for
+evaluator provenance in the GenAI conventions, on every record; and where the conventions have no
+name, ``sidecar.base_model``, ``sidecar.adapter``, ``sidecar.adapter.version``, ``sidecar.rule``
+and ``sidecar.threshold`` (those known; none on ``user_goal``).
 """
 
 from __future__ import annotations
@@ -26,8 +32,13 @@ from sidecar.evaluations.config import OtlpEvaluationsConfig
 from sidecar.evaluations.metrics import EvaluationMetrics
 from sidecar.evaluations.results import EvaluationResult
 from sidecar.evaluations.sink import USER_AGENT, ResultsSink
+from sidecar.provenance import EVALUATOR_NAME, evaluator_version
 
 EVENT_NAME = "gen_ai.evaluation.result"
+# The open proposal for evaluator provenance in the GenAI conventions
+# (open-telemetry/semantic-conventions-genai pull request 359): development status, may change.
+EVALUATOR_ID = "gen_ai.evaluation.evaluator.id"
+EVALUATOR_VERSION = "gen_ai.evaluation.evaluator.version"
 SCOPE_NAME = "sidecar.evaluations"
 
 
@@ -56,6 +67,20 @@ def log_record(result: EvaluationResult, now_unix: float) -> LogRecord:
         attrs.append(_kv("gen_ai.agent.name", result.agent))
     if result.model:
         attrs.append(_kv("gen_ai.request.model", result.model))
+    attrs += [
+        _kv(EVALUATOR_ID, EVALUATOR_NAME),
+        _kv(EVALUATOR_VERSION, evaluator_version()),
+    ]
+    p = result.provenance
+    if p is not None:
+        attrs.append(_kv("sidecar.base_model", p.base_model))
+        if p.adapter is not None:
+            attrs.append(_kv("sidecar.adapter", p.adapter))
+        if p.adapter_version is not None:
+            attrs.append(_kv("sidecar.adapter.version", p.adapter_version))
+        attrs.append(_kv("sidecar.rule", p.rule))
+        if p.threshold is not None:
+            attrs.append(_kv("sidecar.threshold", float(p.threshold)))
     attrs += [
         _kv("log.record.uid", result.record_id),
         _kv("sidecar.turn", result.turn),

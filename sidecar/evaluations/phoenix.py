@@ -2,7 +2,9 @@
 
 Shape (Phoenix REST API v1): ``{"data": [annotation, ...]}``, each annotation with ``name``,
 ``annotator_kind`` (``CODE``: the verdicts come from a model the sidecar runs, not from an LLM
-judge), ``result`` (``label``, ``score``, ``explanation``, those it has), ``metadata`` (turn, hook)
+judge), ``result`` (``label``, ``score``, ``explanation``, those it has), ``metadata`` (turn, hook,
+and who judged: ``evaluator``, ``evaluator_version``, ``base_model``, ``adapter``,
+``adapter_version``, ``rule``, ``threshold``, those known)
 and ``identifier`` (the result's stable id: Phoenix upserts on it, so a re-sent annotation
 replaces itself), plus the subject: ``span_id`` (hex) when the conversation's events carried
 OpenTelemetry ids, else ``session_id`` = the conversation id on the session endpoint. With an API
@@ -37,7 +39,7 @@ def annotation(result: EvaluationResult) -> dict[str, Any]:
         outcome["score"] = result.score
     if result.explanation is not None:
         outcome["explanation"] = result.explanation
-    metadata: dict[str, Any] = {"turn": result.turn, "hook": result.hook}
+    metadata: dict[str, Any] = {"turn": result.turn, "hook": result.hook, **result.provenance_metadata()}
     if result.final:
         metadata["final"] = True
     body: dict[str, Any] = {

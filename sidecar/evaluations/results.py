@@ -17,6 +17,10 @@ name) only, so an effect shown again after a restart yields the same ids: receiv
 them (Langfuse ``id``, Phoenix ``identifier``, OTLP ``log.record.uid``) keep one copy. The hook
 kind is part of the key because a conversation's last turn gets two completion verdicts: the
 turn's own (``turn_closed``) and the final one (``conversation_ended``).
+
+Every result names its evaluator (this package) and version; ``goal_completion`` and
+``response_uncertainty`` also carry the verdict's :class:`~sidecar.contract.Provenance`: the base
+model, the adapter and its version, the rule and its threshold.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sidecar.contract import CompletionScored, Effect, GoalAssigned, HookKind, TreeScored
+from sidecar.contract import CompletionScored, Effect, GoalAssigned, HookKind, Provenance, TreeScored
 from sidecar.events import SpanRef
+from sidecar.provenance import EVALUATOR_NAME, evaluator_version
 
 EvaluationName = Literal["goal_completion", "response_uncertainty", "user_goal"]
 EVALUATION_NAMES: tuple[EvaluationName, ...] = ("goal_completion", "response_uncertainty", "user_goal")
@@ -55,6 +60,16 @@ class EvaluationResult:
     model: str | None
     time_unix: float | None
     final: bool = False
+    provenance: Provenance | None = None
+    """Who judged (base model, adapter, rule, threshold); None for ``user_goal``."""
+
+    def provenance_metadata(self) -> dict[str, str | float]:
+        """The evaluator's name and version, and the rest of the provenance that is known, as the
+        flat metadata Langfuse scores and Phoenix annotations carry."""
+        out: dict[str, str | float] = {"evaluator": EVALUATOR_NAME, "evaluator_version": evaluator_version()}
+        if self.provenance is not None:
+            out.update({k: v for k, v in self.provenance.as_dict().items() if v is not None})
+        return out
 
 
 def record_id(conversation_id: str, turn: int, hook: HookKind, name: str) -> str:
@@ -86,6 +101,7 @@ def evaluation_results(effect: Effect, *, include_text: bool = False) -> list[Ev
         model: str | None,
         *,
         final: bool = False,
+        provenance: Provenance | None = None,
     ) -> None:
         out.append(
             EvaluationResult(
@@ -102,6 +118,7 @@ def evaluation_results(effect: Effect, *, include_text: bool = False) -> list[Ev
                 model=model,
                 time_unix=ctx.triggered_at_unix,
                 final=final,
+                provenance=provenance,
             )
         )
 
@@ -114,10 +131,18 @@ def evaluation_results(effect: Effect, *, include_text: bool = False) -> list[Ev
             explanation = f"{which}: P(end) {event.p_end:.3f}, {label}"
             if include_text and event.remaining_tasks and not event.complete:
                 explanation += f"; remaining: {event.remaining_tasks}"
-            add("goal_completion", event.p_end, label, explanation, event.model, final=event.final)
+            add(
+                "goal_completion",
+                event.p_end,
+                label,
+                explanation,
+                event.model,
+                final=event.final,
+                provenance=event.provenance,
+            )
         elif isinstance(event, TreeScored) and "response_uncertainty" not in seen:
             seen.add("response_uncertainty")
-            add("response_uncertainty", *_uncertainty(event), event.model)
+            add("response_uncertainty", *_uncertainty(event), event.model, provenance=event.provenance)
         elif isinstance(event, GoalAssigned) and "user_goal" not in seen:
             seen.add("user_goal")
             add("user_goal", None, event.goal, None, None)

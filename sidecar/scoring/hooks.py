@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.contract import CompletionScored, HookResult, Outcome, Scored, TurnContext
+from sidecar.contract import CompletionScored, HookResult, Outcome, Provenance, Scored, TurnContext
 from sidecar.errors import PermanentError
 from sidecar.lifecycle import Health
+from sidecar.provenance import EVALUATOR_NAME, evaluator_version
 from sidecar.scoring.client import LLMClient
 from sidecar.scoring.completion import CompletionScore, with_threshold
 from sidecar.scoring.config import AgentConfig, ScoringConfig
@@ -272,13 +274,34 @@ class ScoringHooks:
     def _completion_event(self, ctx: TurnContext, score: CompletionScore, *, final: bool) -> CompletionScored:
         # Events stay in the process (sinks decide what text, if any, leaves it).
         adapter = self.settings(ctx.agent).adapter
+        used = adapter if score.variant == "adapter" and adapter else None
+        # with_threshold() keeps the greedy verdict aside when the threshold rule decided.
+        threshold = self.trust.route(ctx.agent).p_end_threshold if score.greedy_complete is not None else None
         return CompletionScored(
             p_end=score.p_end,
             complete=score.complete,
             variant=score.variant,
-            model=adapter if score.variant == "adapter" and adapter else self.config.vllm.base_model,
+            model=used or self.config.vllm.base_model,
             final=final,
             remaining_tasks=None if score.complete else score.remaining_text,
+            provenance=self._provenance(ctx.agent, used, "threshold" if threshold is not None else "greedy", threshold),
+        )
+
+    def _provenance(self, agent: str | None, adapter: str | None, rule: str, threshold: float | None) -> Provenance:
+        """Who judged: this evaluator, the base model, ``adapter`` (the agent's, when it is the one that
+        judged: its live route's version, else its manifest's) and the rule with its threshold."""
+        version = None
+        if adapter is not None and adapter == self.settings(agent).adapter:
+            row = self.routes.row(agent) if self.routes is not None and agent is not None else None
+            version = f"route-{row.version}" if row is not None else self.trust.route(agent).adapter_version
+        return Provenance(
+            evaluator=EVALUATOR_NAME,
+            evaluator_version=evaluator_version(),
+            base_model=self.config.vllm.base_model,
+            adapter=adapter,
+            adapter_version=version,
+            rule=rule,
+            threshold=threshold,
         )
 
     async def _goal_of(self, ctx: TurnContext) -> str:
@@ -330,6 +353,9 @@ class ScoringHooks:
             out: dict[str, Any] = {**stats, "turns_dropped": request.turns_dropped}
             if tc.include_text_in_outcome:
                 out["best_branch"] = text
-            return Scored(out, [self.scorers.tree_scored(tree, request.model, text)])
+            event = self.scorers.tree_scored(tree, request.model, text)
+            adapter = None if request.model == self.config.vllm.base_model else request.model
+            provenance = self._provenance(ctx.agent, adapter, "response_tree", tc.alpha)
+            return Scored(out, [replace(event, provenance=provenance)])
 
         return self._guard("tree", label, work)

@@ -35,6 +35,7 @@ log = structlog.get_logger()
 CompletionSource = Literal["adapter", "untrusted_adapter", "unvalidated_adapter", "instruct"]
 DEFAULT_AGENT = "default"
 MAX_MANIFEST_BYTES = 1_048_576
+MAX_VERSION_CHARS = 128
 _DETAIL_AGENTS = 20
 
 
@@ -48,6 +49,8 @@ class AgentRoute:
     p_end_threshold: float | None
     validation_f1: float | None
     reason: str
+    adapter_version: str | None = None
+    """What identifies the adapter's build: its manifest's ``version``, else its ``created_utc``."""
 
     @property
     def trusted(self) -> bool:
@@ -74,6 +77,28 @@ def manifest_validation(path: Path) -> tuple[dict[str, Any] | None, str]:
     return validation, "manifest"
 
 
+def manifest_version(path: Path | None) -> str | None:
+    """The exported adapter's version: its manifest's ``version``, else its ``created_utc``; None
+    without a readable manifest."""
+    if path is None:
+        return None
+    try:
+        if path.is_dir():
+            path = path / "manifest.json"
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            return None
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    for key in ("version", "created_utc"):
+        value = doc.get(key)
+        if isinstance(value, str | int) and not isinstance(value, bool) and 0 < len(str(value)) <= MAX_VERSION_CHARS:
+            return str(value)
+    return None
+
+
 def manifest_f1(path: Path) -> tuple[float | None, str]:
     """The validation F1 recorded in an exported adapter's manifest, and why it could not be read."""
     validation, why = manifest_validation(path)
@@ -93,9 +118,10 @@ def assess(agent: AgentConfig, floor: float) -> AgentRoute:
     if f1 is None and agent.adapter_manifest is not None:
         f1, where = manifest_f1(agent.adapter_manifest)
     threshold = agent.p_end_threshold if agent.completion_rule == "threshold" else None
+    version = manifest_version(agent.adapter_manifest)
     if f1 is None:
         reason = "no validation recorded" if where == "config" else where
-        return AgentRoute(agent.adapter, "unvalidated_adapter", agent.completion_rule, threshold, None, reason)
+        return AgentRoute(agent.adapter, "unvalidated_adapter", agent.completion_rule, threshold, None, reason, version)
     if f1 < floor:
         return AgentRoute(
             agent.adapter,
@@ -104,6 +130,7 @@ def assess(agent: AgentConfig, floor: float) -> AgentRoute:
             threshold,
             f1,
             f"validation F1 {f1:.3f} < {floor:.3f} ({where})",
+            version,
         )
     return AgentRoute(
         agent.adapter,
@@ -112,6 +139,7 @@ def assess(agent: AgentConfig, floor: float) -> AgentRoute:
         threshold,
         f1,
         f"validation F1 {f1:.3f} >= {floor:.3f} ({where})",
+        version,
     )
 
 

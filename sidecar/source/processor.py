@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from sidecar.contract import ConversationHooks, Effect, HookResult, Outcome, TurnContext, events_of
+from sidecar.contract import ConversationHooks, Effect, HookResult, Outcome, TurnContext, events_of, provenance_of
 from sidecar.errors import DecodeError
 from sidecar.events import decode_event
 from sidecar.source.journal import (
@@ -29,7 +29,7 @@ from sidecar.source.journal import (
     ResultsWriter,
     SourceRecord,
 )
-from sidecar.source.result_record import RESULT_VERSION, ResultRecord, TriggeredBy
+from sidecar.source.result_record import RESULT_VERSION, ResultProvenance, ResultRecord, TriggeredBy
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
@@ -299,6 +299,9 @@ class PartitionProcessor:
             messages=len(ctx.messages),
             outcome=dict(outcome),
         )
+        provenance = provenance_of(events_of(outcome))
+        if provenance is not None:
+            record.provenance = ResultProvenance.of(provenance)
         acked = await self._results.submit(self.partition, ctx.conversation_id, record)
         entry.acked = acked
         acked.add_done_callback(lambda f: self._release(entry, f))

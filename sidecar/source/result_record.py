@@ -8,7 +8,7 @@ fields in declaration order, ``sig`` absent when records are not signed (pinned 
 The constraints are those recovery needs to trust a record it reads back (the topic is untrusted
 input, see :mod:`sidecar.source.journal_entry`); msgspec checks them when decoding, never when
 the processor builds a record. Fields recovery does not act on have defaults, so a record that
-lacks them still reads back.
+lacks them still reads back (``provenance``, added later, is simply absent from older records).
 """
 
 from __future__ import annotations
@@ -18,11 +18,37 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from sidecar.contract import CloseReason, EndReason, HookKind
+from sidecar.contract import CloseReason, EndReason, HookKind, Provenance
 
 RESULT_VERSION: Literal[1] = 1
 
 TriggeredBy = Literal["record", "timer"]
+_Name = Annotated[str, Meta(max_length=256)]
+
+
+class ResultProvenance(msgspec.Struct, kw_only=True):
+    """Who judged the outcome (:class:`~sidecar.contract.Provenance`): absent on records of hooks
+    that judged nothing and on records written before provenance existed."""
+
+    evaluator: _Name
+    evaluator_version: _Name
+    base_model: _Name
+    adapter: _Name | None = None
+    adapter_version: _Name | None = None
+    rule: _Name
+    threshold: float | None = None
+
+    @classmethod
+    def of(cls, p: Provenance) -> ResultProvenance:
+        return cls(
+            evaluator=p.evaluator,
+            evaluator_version=p.evaluator_version,
+            base_model=p.base_model,
+            adapter=p.adapter,
+            adapter_version=p.adapter_version,
+            rule=p.rule,
+            threshold=p.threshold,
+        )
 
 
 class ResultRecord(msgspec.Struct, kw_only=True):
@@ -45,6 +71,8 @@ class ResultRecord(msgspec.Struct, kw_only=True):
     """How many messages the hook saw."""
     outcome: dict[str, Any] = {}
     """The hook's :data:`~sidecar.contract.Outcome` (a JSON object)."""
+    provenance: ResultProvenance | UnsetType = UNSET
+    """Who judged (evaluator, version, base model, adapter, rule, threshold); absent when nothing was judged."""
     group: Annotated[str, Meta(max_length=255)] = ""
     """The consumer group and the source topic, set by the writer: one results topic may serve several."""
     topic: Annotated[str, Meta(max_length=249)] = ""
