@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -30,6 +31,8 @@ from sidecar.config import SidecarConfig, load_config
 from sidecar.errors import ConfigError
 from sidecar.telemetry.logging import configure_logging
 from sidecar.tools.demo import models
+from sidecar.tools.demo.alert_feed import AlertFeed, follow_alerts
+from sidecar.tools.demo.logfile import LogFile, quiet_progress_bars
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.demo.replay import (
     Event,
@@ -208,10 +211,11 @@ def demo_events(records: Sequence[dict[str, Any]], *, loop: bool, concurrency: i
     return interleave(conversations(), concurrency=concurrency, seed=seed)
 
 
-def _metrics_url(config: SidecarConfig) -> str:
+def _pages_url(config: SidecarConfig) -> str:
+    """The operator listener's address, as a browser on this machine opens it."""
     host = config.http.host
     shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - compared, not bound
-    return f"http://{shown}:{config.http.port}/metrics"
+    return f"http://{shown}:{config.http.port}"
 
 
 def _default_pipeline() -> Pipeline:
@@ -222,6 +226,11 @@ def _default_pipeline() -> Pipeline:
 
 def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> int:
     """``sidecar demo`` handler; returns the process exit code."""
+    started = time.monotonic()
+    # Before the pipeline imports sentence-transformers and the Hugging Face hub: their tqdm bars
+    # would break up the live panel.
+    quiet_progress_bars()
+    log_file: LogFile | None = None
     try:
         records, base = _load_inputs(args)
         overrides: dict[str, Any] = {"http": {"port": _http_port(args, base), "host": _http_host(base)}}
@@ -248,10 +257,12 @@ def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> i
         # The mock cluster speaks plaintext only: a production file's TLS/SASL settings cannot apply.
         overrides["kafka"] = {"bootstrap_servers": bootstrap, "security_protocol": "PLAINTEXT"}
         config = load_config(args.config, overrides=overrides)
-        configure_logging(config.logging)
+        log_file = _configure_logs(config)
         if server is None and args.scoring == "auto":
             print(f"sidecar demo: scoring off: {reason}", file=sys.stderr)
-        return asyncio.run(_demo(config, args, records, pipeline or _default_pipeline(), server))
+        return asyncio.run(
+            _demo(config, args, records, pipeline or _default_pipeline(), server, log_file=log_file, started=started)
+        )
     except asyncio.CancelledError:  # a second Ctrl-C cancelled the demo without waiting
         return 130
     except (ConfigError, OSError, RuntimeError, TimeoutError) as exc:
@@ -261,6 +272,22 @@ def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> i
         if server is not None:
             server.stop()
         cluster.stop()
+        if log_file is not None:
+            log_file.close()
+
+
+def _configure_logs(config: SidecarConfig) -> LogFile | None:
+    """On a terminal, logs go to a file named on screen (warnings echoed); elsewhere to stderr."""
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        configure_logging(config.logging)
+        return None
+    log_file = LogFile(
+        Path(tempfile.gettempdir()) / f"sidecar-demo-{os.getpid()}.log",
+        echo=lambda text: print(text, file=sys.stderr, flush=True),
+    )
+    configure_logging(config.logging, stream=log_file)  # type: ignore[arg-type]  # a text stream
+    print(f"sidecar demo: logs go to {log_file.path}", file=sys.stderr, flush=True)
+    return log_file
 
 
 def _load_inputs(args: argparse.Namespace) -> tuple[Sequence[dict[str, Any]], SidecarConfig]:
@@ -327,13 +354,22 @@ async def _demo(
     records: Sequence[dict[str, Any]],
     pipeline: Pipeline,
     server: LocalVllmServer | None = None,
+    *,
+    log_file: LogFile | None = None,
+    started: float | None = None,
 ) -> int:
     await _start_scoring(server)
-    return await _replay(config, args, records, pipeline)
+    return await _replay(config, args, records, pipeline, log_file=log_file, started=started)
 
 
 async def _replay(
-    config: SidecarConfig, args: argparse.Namespace, records: Sequence[dict[str, Any]], pipeline: Pipeline
+    config: SidecarConfig,
+    args: argparse.Namespace,
+    records: Sequence[dict[str, Any]],
+    pipeline: Pipeline,
+    *,
+    log_file: LogFile | None = None,
+    started: float | None = None,
 ) -> int:
     stop, ready = asyncio.Event(), asyncio.Event()
     registry = CollectorRegistry()
@@ -352,56 +388,102 @@ async def _replay(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, on_signal)
     total = None if args.loop else sum(len(r["turns"]) + 1 for r in records)
-    url = _metrics_url(config)
+    url = _pages_url(config)
+    feed = AlertFeed(url)
     app = asyncio.create_task(pipeline(config, ready=ready, stop=stop, registry=registry), name="sidecar")
+    follower = _follow_alerts(config, feed, stop)
     try:
-        with _display(registry, total=total, metrics_url=url) as display:
+        with _display(
+            registry,
+            total=total,
+            pages_url=url,
+            rate=args.rate,
+            alerts=feed,
+            log_path=None if log_file is None else str(log_file.path),
+            started=started,
+        ) as display:
+            if log_file is not None:
+                log_file.echo = display.note
+            display.on_first_goal = lambda seconds: display.note(f"first goal named {seconds:.0f} s after the start")
             display.note(f"mock Kafka at {config.kafka.bootstrap_servers}, topic {config.kafka.topic}")
-            display.note(f"metrics at {url} (also /healthz, /readyz); Ctrl-C to stop")
+            display.note(f"metrics at {url}/metrics, pages at {url}/escalations and {url}/clusters; Ctrl-C to stop")
             if not await _wait_ready(ready, stop, app, display):
                 return await _finish(app, stop, display)
-            events = demo_events(records, loop=args.loop, concurrency=args.concurrency, seed=args.seed)
-            producer = asyncio.create_task(
-                produce(
-                    config.kafka.bootstrap_servers,
-                    config.kafka.topic,
-                    events,
-                    rate=args.rate,
-                    progress=display.progress,
-                    stop=stop,
-                    stamp_now=True,
-                ),
-                name="demo-producer",
-            )
-            await asyncio.wait({producer, app}, return_when=asyncio.FIRST_COMPLETED)
-            finished = producer.done() and not stop.is_set() and producer.exception() is None
-            if finished:
-                display.note(
-                    f"replayed all {producer.result()} events; "
-                    + ("Ctrl-C to stop" if args.linger is None else f"stopping in {args.linger:g} s")
-                )
-                if not app.done():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(args.linger):
-                            await _wait_stop_or_app(stop, app)
-            stop.set()
-            produce_error: Exception | None = None
-            try:
-                sent = await producer
-                if not finished:
-                    display.note(f"replay interrupted after {sent} events")
-            except Exception as exc:
-                produce_error = exc
-            code = await _finish(app, stop, display)
-            if produce_error is not None:
-                display.note(f"sidecar demo: producing failed: {produce_error!r}")
-                code = EXIT_FAILURE
-            return code
+            return await _produce_then_finish(config, args, records, app, stop, display=display)
     finally:
+        if log_file is not None:
+            log_file.echo = lambda text: print(text, file=sys.stderr, flush=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
+        if follower is not None:
+            follower.cancel()
+            await asyncio.wait({follower})
         await _cancel(app)
+
+
+async def _produce_then_finish(
+    config: SidecarConfig,
+    args: argparse.Namespace,
+    records: Sequence[dict[str, Any]],
+    app: asyncio.Task[None],
+    stop: asyncio.Event,
+    *,
+    display: DemoDisplay,
+) -> int:
+    """Replay the events, wait for Ctrl-C or --linger, stop the pipeline; the exit code."""
+    events = demo_events(records, loop=args.loop, concurrency=args.concurrency, seed=args.seed)
+    producer = asyncio.create_task(
+        produce(
+            config.kafka.bootstrap_servers,
+            config.kafka.topic,
+            events,
+            rate=args.rate,
+            progress=display.progress,
+            stop=stop,
+            stamp_now=True,
+        ),
+        name="demo-producer",
+    )
+    await asyncio.wait({producer, app}, return_when=asyncio.FIRST_COMPLETED)
+    finished = producer.done() and not stop.is_set() and producer.exception() is None
+    if finished:
+        display.note(
+            f"replayed all {producer.result()} events; "
+            + ("Ctrl-C to stop" if args.linger is None else f"stopping in {args.linger:g} s")
+        )
+        if not app.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(args.linger):
+                    await _wait_stop_or_app(stop, app)
+    stop.set()
+    produce_error: Exception | None = None
+    try:
+        sent = await producer
+        if not finished:
+            display.note(f"replay interrupted after {sent} events")
+    except Exception as exc:
+        produce_error = exc
+    code = await _finish(app, stop, display)
+    if produce_error is not None:
+        display.note(f"sidecar demo: producing failed: {produce_error!r}")
+        code = EXIT_FAILURE
+    return code
+
+
+def _follow_alerts(config: SidecarConfig, feed: AlertFeed, stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """Read the alert topic into ``feed`` for the screen, when alerts go to Kafka. Never fatal."""
+    sink = config.alerting.sinks.kafka
+    if not (config.alerting.enabled and sink.enabled):
+        return None
+
+    async def follow() -> None:
+        try:
+            await follow_alerts(config.kafka.bootstrap_servers, sink.topic, feed, stop)
+        except Exception as exc:  # the screen loses its alert list; the pipeline is unaffected
+            log.warning("demo.alert_feed_failed", error_type=type(exc).__name__, error=str(exc)[:200])
+
+    return asyncio.create_task(follow(), name="demo-alert-feed")
 
 
 async def _cancel(app: asyncio.Task[None]) -> None:
@@ -425,10 +507,10 @@ async def _wait_stop_or_app(stop: asyncio.Event, app: asyncio.Task[None]) -> Non
         stopper.cancel()
 
 
-def _display(registry: CollectorRegistry, *, total: int | None, metrics_url: str) -> DemoDisplay:
+def _display(registry: CollectorRegistry, **kwargs: Any) -> DemoDisplay:
     from sidecar.tools.demo.display import DemoDisplay  # rich: imported when the demo runs
 
-    return DemoDisplay(registry, total=total, metrics_url=metrics_url)
+    return DemoDisplay(registry, **kwargs)
 
 
 async def _wait_ready(ready: asyncio.Event, stop: asyncio.Event, app: asyncio.Task[None], display: DemoDisplay) -> bool:
