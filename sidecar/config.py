@@ -11,9 +11,11 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from sidecar.alerting.config import AlertingConfig
@@ -169,21 +171,46 @@ def mask_url_credentials(text: str) -> str:
 
 
 def _mask(value: Any) -> Any:
+    """Plain YAML data (str, int, float, bool, None, lists, mappings), every secret masked."""
     if isinstance(value, SecretStr):
         return MASK if value.get_secret_value() else ""
     if isinstance(value, str):
         return mask_url_credentials(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value  # floats stay floats: YAML writes .inf where JSON would lose it
     if isinstance(value, dict):
         return {k: _mask(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_mask(v) for v in value]
-    return value
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_mask(v) for v in value]
+        return items if isinstance(value, list | tuple) else sorted(items, key=repr)
+    # Anything else (a Path, a URL, an enum, a date) in the form the config file would spell it,
+    # then masked like any other string: `config show` never fails on a field's type.
+    return _mask(to_jsonable_python(value, fallback=str))
+
+
+# URLs whose path is itself the credential (a Slack-style webhook: whoever knows it can post); the
+# chart carries them in its Secret. Printed as scheme and host only.
+_CAPABILITY_URLS: tuple[tuple[str, ...], ...] = (("alerting", "sinks", "webhook", "url"),)
+
+
+def _mask_capability_url(url: str) -> str:
+    parts = urlsplit(url)
+    if not (parts.path.strip("/") or parts.query or parts.fragment):
+        return url
+    return urlunsplit((parts.scheme, parts.netloc, "/" + MASK, "", ""))
 
 
 def masked_dict(config: SidecarConfig) -> dict[str, Any]:
     """The effective configuration as plain data with every secret replaced by a mask."""
     raw = config.model_dump(mode="python")
-    return {k: _mask(v) for k, v in raw.items()}
+    out = {k: _mask(v) for k, v in raw.items()}
+    for *parents, leaf in _CAPABILITY_URLS:
+        node = out
+        for key in parents:
+            node = node[key]
+        if isinstance(node.get(leaf), str):
+            node[leaf] = _mask_capability_url(node[leaf])
+    return out
 
 
 def dump_yaml(config: SidecarConfig) -> str:
