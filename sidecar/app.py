@@ -19,6 +19,7 @@ import structlog
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from sidecar.alerting.escalation import Escalations
+from sidecar.alerting.feedback import AlertFeedback, FeedbackMetrics
 from sidecar.alerting.metrics import AlertMetrics
 from sidecar.config import SidecarConfig
 from sidecar.contract import ConversationHooks
@@ -28,6 +29,7 @@ from sidecar.source.capabilities import check as check_capabilities
 from sidecar.source.capabilities import export as export_capabilities
 from sidecar.source.capabilities import probe_broker
 from sidecar.source.kafka import KafkaEventSource
+from sidecar.stage.feedback import FeedbackSink
 from sidecar.stage.pipeline import OutcomeSink, PostScoreStage
 from sidecar.state.hooks import CompositeHooks, RecordingHooks
 from sidecar.supervision import Supervised, Supervisor, stop_all
@@ -71,6 +73,7 @@ class Assembly:
     health: list[HealthReporter] = field(default_factory=list)
     json_routes: dict[str, Callable[[], object]] = field(default_factory=dict)
     page_routes: dict[str, PageRoute] = field(default_factory=dict)
+    feedback: FeedbackSink | None = None
 
 
 def _follow_routes(
@@ -144,6 +147,7 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry, leadership: 
     out.sinks.append(escalations)
     out.components.append(escalations)
     out.health.append(escalations)
+    out.feedback = AlertFeedback(config.kafka.group_id, FeedbackMetrics(registry), labels)
     return out
 
 
@@ -200,7 +204,9 @@ async def run_app(
         doors = build_doors(config.otel, config.kafka, registry)
         assembly.components.extend(doors.components)
         assembly.health.extend(doors.health)
-    stage = PostScoreStage(assembly.sinks, on_sink_error=lambda name: metrics.sink_errors.labels(name).inc())
+    stage = PostScoreStage(
+        assembly.sinks, on_sink_error=lambda name: metrics.sink_errors.labels(name).inc(), feedback=assembly.feedback
+    )
     source = KafkaEventSource(
         config.kafka, config.state, assembly.hooks, metrics, stage, capabilities=found, leadership=leadership
     )

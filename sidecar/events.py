@@ -24,7 +24,18 @@ MAX_EVENT_ID_CHARS = 128
 MAX_SEQ = 1_000_000_000
 MAX_DETAIL_CHARS = 400
 
+MAX_FEEDBACK_REASON_CHARS = 1000
+NO_SEQ = -1
+"""``Event.seq`` of feedback, which takes no place in the conversation's sequence."""
+
 AgentName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
+FeedbackTarget = Literal["conversation", "turn", "alert"]
+FeedbackRating = Literal["up", "down", "true_alarm", "false_alarm"]
+_RATINGS: dict[str, tuple[str, ...]] = {
+    "conversation": ("up", "down"),
+    "turn": ("up", "down"),
+    "alert": ("true_alarm", "false_alarm"),
+}
 
 # The contract as typed structs: msgspec parses and validates in one pass (about 1 us for a typical
 # event, against 9 us for the previous pydantic path), strictly: no coercion (``"3"`` or ``true``
@@ -46,14 +57,24 @@ class _MessageIn(Struct, frozen=True, forbid_unknown_fields=True):
     tool_calls: Annotated[tuple[_ToolCallIn, ...], Meta(max_length=128)] = ()
 
 
+class _FeedbackIn(Struct, frozen=True, forbid_unknown_fields=True):
+    target: FeedbackTarget
+    rating: FeedbackRating
+    turn: Annotated[int, Meta(ge=1, le=MAX_SEQ)] | None = None
+    alert_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")] | None = None
+    reason: Annotated[str, Meta(max_length=MAX_FEEDBACK_REASON_CHARS)] | None = None
+
+
 class _EventIn(Struct, frozen=True):
     conversation_id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
     event_id: Annotated[str, Meta(min_length=1, max_length=MAX_EVENT_ID_CHARS)]
-    seq: Annotated[int, Meta(ge=0, le=MAX_SEQ)]
     ts: Annotated[float, Meta(ge=0)] | Annotated[str, Meta(min_length=1, max_length=64)]
-    type: Literal["message", "conversation_end"]
+    type: Literal["message", "conversation_end", "feedback"]
+    # Required for messages and ends (checked after parsing): feedback takes no place in the sequence.
+    seq: Annotated[int, Meta(ge=0, le=MAX_SEQ)] | None = None
     v: Literal[1] = 1
     message: _MessageIn | None = None
+    feedback: _FeedbackIn | None = None
     agent: AgentName | None = None
     tenant: Annotated[str, Meta(max_length=128)] | None = None
     trace_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")] | None = None
@@ -75,9 +96,27 @@ class SpanRef:
     span_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """A person's judgement (``type: "feedback"``) on a whole conversation, one turn, or one alert.
+
+    ``conversation`` and ``turn`` take ``up`` or ``down``; ``alert`` takes ``true_alarm`` or
+    ``false_alarm`` and names the alert by its ``alert_id`` and ``turn`` (both in the alert's
+    payload). ``reason`` is free text from a person: it never goes to logs, metrics or the results
+    topic (only whether there was one).
+    """
+
+    target: FeedbackTarget
+    rating: FeedbackRating
+    turn: int | None = None
+    alert_id: str | None = None
+    reason: str | None = None
+
+
 @dataclass(slots=True)
 class Event:
-    """A valid event. ``message`` is set iff ``type == "message"``.
+    """A valid event. ``message`` is set iff ``type == "message"``, ``feedback`` iff
+    ``type == "feedback"`` (whose ``seq`` is :data:`NO_SEQ`).
 
     Not frozen (one per record; a frozen ``__init__`` costs about 1 us more): treat it as read-only.
     """
@@ -85,11 +124,12 @@ class Event:
     conversation_id: str
     event_id: str
     seq: int
-    type: Literal["message", "conversation_end"]
+    type: Literal["message", "conversation_end", "feedback"]
     message: Message | None
     agent: str | None
     tenant: str | None
     span: SpanRef | None = None
+    feedback: Feedback | None = None
 
 
 def _canonical_arguments(arguments: str | dict[str, Any]) -> str:
@@ -104,7 +144,12 @@ _ENUM_VALUE = re.compile(r"Invalid enum value .*?(?= - at `|$)", re.DOTALL)
 # (``$.message.tool_calls[3].name``). Anything else quoted came from the record (an unknown field's
 # name): hostile input that can hold a secret or PII, so it is never echoed.
 _CONTRACT_NAMES = frozenset(
-    [*_EventIn.__struct_fields__, *_MessageIn.__struct_fields__, *_ToolCallIn.__struct_fields__]
+    [
+        *_EventIn.__struct_fields__,
+        *_MessageIn.__struct_fields__,
+        *_ToolCallIn.__struct_fields__,
+        *_FeedbackIn.__struct_fields__,
+    ]
 )
 _JSON_TYPES = frozenset(["str", "int", "float", "bool", "null", "object", "array", "number"])
 _LOCATION = re.compile(r"\$(?:\.([a-z_]+)|\[\d{1,6}\])*")
@@ -147,6 +192,10 @@ def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> E
     ``trace_id`` and ``span_id`` come together or not at all, and neither may be all zeros (the
     OpenTelemetry invalid id).
 
+    ``seq`` is required except on feedback (where it is ignored); ``message`` comes with
+    ``type: "message"`` only and ``feedback`` with ``type: "feedback"`` only (:class:`Feedback`
+    says which targets take which ratings and fields).
+
     Reasons: ``empty``, ``oversized``, ``invalid_utf8``, ``invalid_json``, ``not_an_object``,
     ``unsupported_version``, ``schema``, ``key_mismatch``.
     """
@@ -165,23 +214,46 @@ def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> E
         raise DecodeError(_reason_for(message), _clean_detail(message)) from None
     except (msgspec.DecodeError, RecursionError):
         raise DecodeError("invalid_json", "JSON syntax") from None
+    if ev.type != "feedback" and ev.seq is None:
+        raise DecodeError("schema", "Object missing required field `seq`")
     if ev.type == "message" and ev.message is None:
         raise DecodeError("schema", "message: required when type is 'message'")
-    if ev.type == "conversation_end" and ev.message is not None:
-        raise DecodeError("schema", "message: must be absent when type is 'conversation_end'")
+    if ev.type != "message" and ev.message is not None:
+        raise DecodeError("schema", f"message: must be absent when type is '{ev.type}'")
+    feedback = _feedback_of(ev)
     span = _span_of(ev)
     if key is None or key != ev.conversation_id.encode("utf-8"):
         raise DecodeError("key_mismatch", "record key must equal conversation_id")
     return Event(
         conversation_id=ev.conversation_id,
         event_id=ev.event_id,
-        seq=ev.seq,
+        seq=NO_SEQ if ev.seq is None or feedback is not None else ev.seq,
         type=ev.type,
         message=_to_message(ev.message) if ev.message is not None else None,
         agent=ev.agent,
         tenant=ev.tenant,
         span=span,
+        feedback=feedback,
     )
+
+
+def _feedback_of(ev: _EventIn) -> Feedback | None:
+    f = ev.feedback
+    if ev.type != "feedback":
+        if f is not None:
+            raise DecodeError("schema", f"feedback: must be absent when type is '{ev.type}'")
+        return None
+    if f is None:
+        raise DecodeError("schema", "feedback: required when type is 'feedback'")
+    if f.rating not in _RATINGS[f.target]:
+        raise DecodeError("schema", f"feedback.rating: {f.target} takes {' or '.join(_RATINGS[f.target])}")
+    if f.target == "conversation" and (f.turn is not None or f.alert_id is not None):
+        raise DecodeError("schema", "feedback: a conversation target takes neither turn nor alert_id")
+    if f.target == "turn" and (f.turn is None or f.alert_id is not None):
+        raise DecodeError("schema", "feedback: a turn target takes turn and no alert_id")
+    if f.target == "alert" and (f.turn is None or f.alert_id is None):
+        raise DecodeError("schema", "feedback: an alert target takes alert_id and turn")
+    return Feedback(f.target, f.rating, f.turn, f.alert_id, f.reason)
 
 
 def _span_of(ev: _EventIn) -> SpanRef | None:

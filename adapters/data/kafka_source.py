@@ -207,6 +207,9 @@ class KafkaSource:
         except DecodeError as exc:
             self.stats.skip(exc.reason)
             return
+        if ev.type == "feedback":  # a person's judgement, not part of the transcript
+            self.stats.skip("feedback")
+            return
         conv = pending.get(ev.conversation_id)
         if conv is None:
             conv = pending[ev.conversation_id] = _Pending(ev.agent)

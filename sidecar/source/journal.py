@@ -159,8 +159,12 @@ class Recovery:
     # The highest source position any journaled outcome was triggered at: past it, nothing
     # recorded before the restart can trigger again and ``keys`` can be dropped.
     last_position: int = -1
+    # Source positions of feedback applied at or after ``replay_until``: not applied again.
+    feedback_positions: set[int] = field(default_factory=set)
     # Conversations that started in [finished_from, start_offset): all finished before the commit.
     finished: list[tuple[str, int]] = field(default_factory=list)
+    # Feedback event ids on those conversations, found by the same scan (taken before the commit).
+    feedback_ids: list[str] = field(default_factory=list)
     # What loading the plan cost and rested on (metrics and logs only): results records read, and
     # whether the committed offset carried the sidecar's metadata ("none": nothing committed).
     journal_records_read: int = 0
@@ -170,6 +174,10 @@ class Recovery:
         """Fold one validated journal entry of this partition into the plan."""
         kind, cid, turn, pos = entry.kind, entry.conversation_id, entry.turn, entry.position
         self.last_position = max(self.last_position, pos)
+        if kind == "feedback":
+            if pos >= self.replay_until:
+                self.feedback_positions.add(pos)
+            return
         if pos >= self.replay_until:
             self.keys.add(trigger_key(cid, turn, kind))
         if entry.trigger == "timer" and kind != "user_message":

@@ -21,7 +21,7 @@ import structlog
 
 from sidecar.contract import ConversationHooks, Effect, HookResult, Outcome, TurnContext, events_of, provenance_of
 from sidecar.errors import DecodeError
-from sidecar.events import decode_event
+from sidecar.events import Event, decode_event
 from sidecar.source.journal import (
     CommitPoint,
     DeadLetterWriter,
@@ -30,9 +30,11 @@ from sidecar.source.journal import (
     SourceRecord,
 )
 from sidecar.source.result_record import RESULT_VERSION, ResultProvenance, ResultRecord, TriggeredBy
+from sidecar.stage.feedback import FeedbackContext
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
+from sidecar.state.feedback import FeedbackMemory
 from sidecar.state.memory import MemoryBudget
 from sidecar.state.store import PartitionState, Rejected, Trigger
 from sidecar.telemetry.stream_metrics import StreamMetrics, StreamMetricsCache
@@ -100,6 +102,10 @@ class PartitionProcessor:
         # every transition of every conversation opened at or after the committed offset.
         self._journal_from = recovery.journal_from
         self._keys = recovery.keys
+        self._feedback_done = recovery.feedback_positions
+        self._feedback_memory = FeedbackMemory(state_config.finished_memory)
+        for event_id in recovery.feedback_ids:
+            self._feedback_memory.remember(event_id)
         self._transitions = deque(recovery.transitions)
         self._last_journaled = recovery.last_position
         self._pending: dict[int, _Pending] = {}
@@ -137,27 +143,80 @@ class PartitionProcessor:
         replay = offset < self._replay_until
         (self._m.replayed if replay else self._m.consumed).inc()
         triggers: list[Trigger] = []
+        feedback: FeedbackContext | None = None
         try:
             event = decode_event(record.value, record.key, max_bytes=self._max_record_bytes)
-            if self._redactor is not None and event.message is not None:
-                event = replace(event, message=self._redactor.redact_message(event.message))
-            # A conversation (re)opened from a record at or below the last position a previous owner
-            # journaled an outcome for may have outcomes in the journal from J on: it must keep the
-            # commit's journal start at J, or a later recovery would read past them and fire again.
-            jpos = self._journal_from if replay or offset <= self._last_journaled else self._journal_end
-            # The record's Kafka timestamp dates the conversation's start, durably across restarts.
-            opened = record.timestamp / 1000.0 if record.timestamp > 0 else self._wall()
-            triggers = self.state.apply(event, offset, self._clock(), jpos, opened)
+            if event.feedback is not None:
+                # Feedback takes no seq and changes no conversation: checked here, applied below.
+                feedback = self._accept_feedback(event, received_at_unix)
+            else:
+                if self._redactor is not None and event.message is not None:
+                    event = replace(event, message=self._redactor.redact_message(event.message))
+                # A conversation (re)opened from a record at or below the last position a previous
+                # owner journaled an outcome for may have outcomes in the journal from J on: it must
+                # keep the commit's journal start at J, or a later recovery would read past them and
+                # fire again.
+                jpos = self._journal_from if replay or offset <= self._last_journaled else self._journal_end
+                # The record's Kafka timestamp dates the conversation's start, durably across restarts.
+                opened = record.timestamp / 1000.0 if record.timestamp > 0 else self._wall()
+                triggers = self.state.apply(event, offset, self._clock(), jpos, opened)
         except (DecodeError, Rejected) as exc:
             if not replay:
                 self._dead_letter(record, exc.reason, exc.detail)
         wall = self._wall() if received_at_unix is None else received_at_unix
         for t in triggers:
             await self._fire(t, offset, "record", replay, received_at, wall=wall)
+        if feedback is not None:
+            await self._apply_feedback(feedback, offset, replay)
         self.next_offset = offset + 1
-        if self._keys and offset > self._last_journaled:
+        if (self._keys or self._feedback_done) and offset > self._last_journaled:
             self._keys = set()  # nothing recorded before the restart can trigger again
+            self._feedback_done = set()
         self._observe(received_at)
+
+    def _accept_feedback(self, event: Event, received_at_unix: float | None) -> FeedbackContext:
+        """Check a feedback event and take its id (pure, so a replay decides the same); raises
+        :class:`Rejected` with the dead-letter reason."""
+        target = self._feedback_memory.take(self.state, event)
+        fb = target.feedback
+        kind = None
+        if fb.target == "alert":
+            # Both guaranteed by the decoder for an alert target.
+            assert fb.turn is not None
+            assert fb.alert_id is not None
+            kind = self._stage.feedback.resolve_alert(event.conversation_id, fb.turn, fb.alert_id)
+            if kind is None:
+                raise Rejected("unknown_alert", f"alert_id names no alert of this conversation at turn {fb.turn}")
+        wall = self._wall() if received_at_unix is None else received_at_unix
+        return FeedbackContext(event.conversation_id, event.event_id, target, kind, wall)
+
+    async def _apply_feedback(self, ctx: FeedbackContext, position: int, replay: bool) -> None:
+        """Apply accepted feedback once: not while replaying, not when the journal says it was."""
+        if replay or position in self._feedback_done:
+            self._m.suppressed("feedback").inc()
+            return
+        try:
+            outcome = self._stage.feedback.apply(ctx)
+        except Exception as exc:  # a sink's bug: recorded as the outcome, the partition goes on
+            log.warning("feedback.failed", conversation_id=ctx.conversation_id, error=type(exc).__name__)
+            outcome = {"error": type(exc).__name__}
+        self._m.fired("feedback").inc()
+        entry = self._pin(position, None)
+        record = ResultRecord(
+            v=RESULT_VERSION,
+            partition=self.partition,
+            position=position,
+            trigger="record",
+            kind="feedback",
+            conversation_id=ctx.conversation_id,
+            turn=ctx.target.feedback.turn or 0,
+            agent=ctx.target.agent,
+            tenant=ctx.target.tenant,
+            outcome=dict(outcome),
+        )
+        acked = await self._results.submit(self.partition, ctx.conversation_id, record)
+        entry.acked = acked
+        acked.add_done_callback(lambda f: self._release(entry, f))
 
     async def process_unreadable(self, record: SourceRecord) -> None:
         """A record the client could not parse: dead-letter its position (``unreadable_record``)."""

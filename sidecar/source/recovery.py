@@ -166,7 +166,7 @@ async def load_recovery(  # noqa: PLR0917 - the worker passes its collaborators 
             plan.add(entry)
             read += 1
     if finished_from is not None and finished_from < start:
-        plan.finished = await _finished_starts(reader, cfg, tp.partition, finished_from, start)
+        plan.finished, plan.feedback_ids = await _finished_starts(reader, cfg, tp.partition, finished_from, start)
     log.info(
         "recovery.loaded",
         partition=tp.partition,
@@ -191,10 +191,13 @@ async def load_recovery(  # noqa: PLR0917 - the worker passes its collaborators 
 
 async def _finished_starts(
     reader: JournalReader, cfg: KafkaConfig, partition: int, start: int, end: int
-) -> list[tuple[str, int]]:
+) -> tuple[list[tuple[str, int]], list[str]]:
     """Conversations that started in [start, end) of the source: every one has finished, since
-    ``end`` is a commit offset (the first offset of the oldest conversation still open)."""
+    ``end`` is a commit offset (the first offset of the oldest conversation still open); and the
+    ids of the feedback events on them in that range (see :mod:`sidecar.state.feedback`)."""
     out: list[tuple[str, int]] = []
+    started: set[str] = set()
+    feedback: list[str] = []
     async for rec in reader.records(cfg.topic, partition, start, end):
         try:
             ev = decode_event(rec.value, rec.key, max_bytes=cfg.max_record_bytes)
@@ -202,4 +205,7 @@ async def _finished_starts(
             continue
         if ev.seq == 0 and ev.type == "message":
             out.append((ev.conversation_id, rec.offset))
-    return out
+            started.add(ev.conversation_id)
+        elif ev.type == "feedback" and ev.conversation_id in started:
+            feedback.append(ev.event_id)
+    return out, feedback

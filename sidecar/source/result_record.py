@@ -23,6 +23,8 @@ from sidecar.contract import CloseReason, EndReason, HookKind, Provenance
 RESULT_VERSION: Literal[1] = 1
 
 TriggeredBy = Literal["record", "timer"]
+JournalKind = HookKind | Literal["feedback"]
+"""A hook's kind, or ``feedback``: a person's feedback applied (:mod:`sidecar.stage.feedback`)."""
 _Name = Annotated[str, Meta(max_length=256)]
 
 
@@ -60,7 +62,7 @@ class ResultRecord(msgspec.Struct, kw_only=True):
     position: Annotated[int, Meta(ge=0, le=2**63 - 1)]
     """The source offset the effect was triggered at (a timer: the partition's next offset)."""
     trigger: TriggeredBy
-    kind: HookKind
+    kind: JournalKind
     conversation_id: Annotated[str, Meta(min_length=1, max_length=256)]
     turn: Annotated[int, Meta(ge=0, le=1_000_000_000)]
     close_reason: CloseReason | None = None

@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 import structlog
 
 from sidecar.contract import Effect
+from sidecar.stage.feedback import FeedbackSink, UncountedFeedback
 
 log = structlog.get_logger(__name__)
 
@@ -44,9 +45,16 @@ class PostScoreStage:
     Cancellation propagates.
     """
 
-    def __init__(self, sinks: Sequence[OutcomeSink] = (), on_sink_error: SinkErrorCounter | None = None) -> None:
+    def __init__(
+        self,
+        sinks: Sequence[OutcomeSink] = (),
+        on_sink_error: SinkErrorCounter | None = None,
+        feedback: FeedbackSink | None = None,
+    ) -> None:
         self.sinks = tuple(sinks)
         self._on_error = on_sink_error or _ignore
+        self.feedback: FeedbackSink = feedback or UncountedFeedback()
+        """Where people's feedback takes effect (:mod:`sidecar.stage.feedback`)."""
 
     def offer(self, effect: Effect) -> Awaitable[None] | None:
         waits: list[Awaitable[None]] = []

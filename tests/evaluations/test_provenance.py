@@ -191,7 +191,7 @@ async def test_results_topic_records_carry_provenance() -> None:
         await proc.process(record(i, event("c", i, role, end=end)), 0.0)
     await proc.drain(5)
     closed = next(r for r in journal.results if r["kind"] == "turn_closed")
-    assert msgspec.structs.asdict(closed["provenance"]) == PROVENANCE.as_dict()
+    assert closed["provenance"] == PROVENANCE.as_dict()
     assert all("provenance" not in r for r in journal.results if r["kind"] != "turn_closed")
 
 

@@ -69,7 +69,7 @@ class FakeJournal:
 
     async def submit(self, source_partition: int, conversation_id: str, rec: ResultRecord) -> asyncio.Future[int]:
         # What a reader of the topic gets back: the record's fields (an unset signature absent).
-        record = {k: v for k, v in msgspec.structs.asdict(rec).items() if v is not msgspec.UNSET}
+        record = msgspec.to_builtins(rec)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         landed: asyncio.Future[int] = loop.create_future()

@@ -33,6 +33,7 @@ METRIC_CLASSES = [
     "sidecar.clustering.metrics:ClusteringMetrics",
     "sidecar.clustering.metrics:FleetGoalMetrics",
     "sidecar.alerting.metrics:AlertMetrics",
+    "sidecar.alerting.feedback:FeedbackMetrics",
     "sidecar.judge.metrics:JudgeMetrics",
     "sidecar.telemetry.loop_lag:LoopLagMonitor",
     "sidecar.training_store.sink:TrainingStoreMetrics",
