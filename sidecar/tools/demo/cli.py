@@ -93,6 +93,11 @@ SCORED_RATE = 4.0
 # Gemma 3 270M on two CPU cores: ~34 generated tokens/s, several seconds per tree.
 GEMMA_RATE = 0.5
 UNSCORED_RATE = 200.0
+# Conversations end at about rate / 20 a second whatever the concurrency (the sample averages 20
+# events each); the concurrency sets how long until the first ones end: about concurrency x 20 /
+# rate seconds. At 4 events/s, 8 open at once end the first within a minute (20 took 95 s).
+SCORED_CONCURRENCY = 8
+UNSCORED_CONCURRENCY = 20
 
 
 def _rate(text: str) -> float:
@@ -147,9 +152,10 @@ def add_demo_parser(subparsers: Any, add_config_arg: Callable[[argparse.Argument
     p.add_argument(
         "--concurrency",
         type=_count("--concurrency", MAX_CONCURRENCY),
-        default=20,
+        default=None,
         metavar="N",
-        help="conversations in progress at once, their events interleaved (default 20)",
+        help=f"conversations in progress at once, their events interleaved (default {SCORED_CONCURRENCY} when "
+        f"scoring, so the first conversations end within a minute, else {UNSCORED_CONCURRENCY})",
     )
     p.add_argument("--loop", action="store_true", help="replay forever, each round under new conversation ids")
     p.add_argument("--seed", type=int, default=0, help="seed of the interleaving (default 0)")
@@ -249,6 +255,8 @@ def run_demo(args: argparse.Namespace, *, pipeline: Pipeline | None = None) -> i
         return EXIT_FAILURE
     if args.rate is None:
         args.rate = (GEMMA_RATE if args.model != "bundled" else SCORED_RATE) if server is not None else UNSCORED_RATE
+    if args.concurrency is None:
+        args.concurrency = SCORED_CONCURRENCY if server is not None else UNSCORED_CONCURRENCY
     try:
         if server is not None:
             server.start()

@@ -204,6 +204,19 @@ def trained_message_cap(adapter_dir: Path | None) -> int | None:
     return int(cap) if isinstance(cap, int) else None
 
 
+# Demo-sized goal clustering: the first run once 20 conversations have ended (about two minutes
+# into a scored replay; 40 took five), into at most 8 clusters so that some reach the 5
+# conversations a published name needs (clustering.min_conversations_per_name), re-run every 30 s.
+DEMO_CLUSTERING_MIN_CONVERSATIONS = 20
+DEMO_CLUSTERING_K1 = 8
+
+
 def clustering_overrides() -> dict[str, Any]:
-    """LLM-free goal clusters (the bundled model is no instruct model), re-run every 30 s."""
-    return {"enabled": True, "mode": "extractive", "k1": 12, "min_conversations": 40, "recluster_interval_seconds": 30}
+    """LLM-free goal clusters (the bundled model is no instruct model), demo-sized."""
+    return {
+        "enabled": True,
+        "mode": "extractive",
+        "k1": DEMO_CLUSTERING_K1,
+        "min_conversations": DEMO_CLUSTERING_MIN_CONVERSATIONS,
+        "recluster_interval_seconds": 30,
+    }
