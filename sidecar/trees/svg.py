@@ -8,7 +8,8 @@ branch (and the path to it) is drawn in the highlight colour, every leaf ends in
 whole response on hover and its numbers.
 
 All text is untrusted model output: it is XML-escaped, characters XML cannot carry and invisible
-or direction-changing ones (bidi overrides, zero-width) are shown as ``\\uXXXX`` instead, and every
+or direction-changing ones (every format character, bidi overrides, zero-width, soft hyphen, tags,
+line separators) are shown as ``\\uXXXX`` (``\\UXXXXXXXX`` above U+FFFF) instead, and every
 text is cut, so the output size is bounded: at most :func:`max_svg_bytes` for the given limits,
 whatever the input.
 """
@@ -21,12 +22,26 @@ from dataclasses import dataclass
 
 from sidecar.trees.shape import TreeShape, probability
 
-# XML 1.0 cannot carry C0 controls (bar tab and newline), surrogates or U+FFFE/U+FFFF; C1 controls,
-# bidi embeddings/overrides/isolates, zero-width and BOM characters are legal but let a text hide
-# or reorder what the reader sees. All are shown as a visible \uXXXX escape (6 ASCII bytes).
+# Shown as a visible escape instead of raw, so that text can neither break the XML nor hide or
+# reorder what the reader sees:
+# - XML 1.0 cannot carry C0 controls (bar tab and newline), surrogates, U+FFFE/U+FFFF;
+# - every Unicode format character (category Cf: soft hyphen, bidi marks, embeddings, overrides and
+#   isolates, zero-width and word joiners, BOM, interlinear annotation, the Arabic number signs,
+#   the tag characters U+E0000-U+E007F that can carry a hidden text); the U+2060-U+206F and tag
+#   blocks whole, so a format character assigned later in them is covered too;
+# - C1 controls and the line and paragraph separators U+2028/U+2029 (Zl, Zp);
+# - noncharacters (U+FDD0-U+FDEF and the last two code points of every plane);
+# - characters that are invisible without being format characters: the combining grapheme joiner,
+#   Hangul and Khmer fillers, Mongolian and other variation selectors (which can smuggle a text
+#   after a visible character), VS15/VS16 (U+FE0E/U+FE0F) excepted, since emoji use them.
+# tests/trees/test_escape.py checks this against the Unicode database of the running Python.
+_NONCHARACTERS = "".join(f"{chr(plane * 0x10000 + 0xFFFE)}{chr(plane * 0x10000 + 0xFFFF)}" for plane in range(17))
 _UNSAFE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069"
-    "\ufeff\ufdd0-\ufdef\ufffe\uffff\ud800-\udfff]"
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
+    "\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164"
+    "\ud800-\udfff\ufdd0-\ufdef\ufe00-\ufe0d\ufeff\uffa0\ufff9-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e007f\U000e0100-\U000e01ef" + re.escape(_NONCHARACTERS) + "]"
 )
 _XML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})
 _SPACES = re.compile(r"\s+")
@@ -34,9 +49,15 @@ ELLIPSIS = "\u2026"
 
 
 def neutralize(text: str) -> str:
-    """``text`` with CR/CRLF as LF and every unsafe character as a visible ``\\uXXXX``."""
+    """``text`` with CR/CRLF as LF and every unsafe character as a visible ``\\uXXXX`` (``\\UXXXXXXXX``
+    above U+FFFF)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _UNSAFE.sub(_visible, text)
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def escape(text: str) -> str:
@@ -78,7 +99,7 @@ class SvgStyle:
 # Markup per drawn branch beyond its texts (group, two paths, circle, numbers), generously rounded.
 _PER_BRANCH_BYTES = 900
 _FIXED_BYTES = 2048
-_ESCAPED_CHAR_BYTES = 6  # the longest a character becomes: "&quot;", "\u202e" or 4 UTF-8 bytes
+_ESCAPED_CHAR_BYTES = 10  # the longest a character becomes: "\U000e0041" (else "&quot;", "\u202e", 4 UTF-8 bytes)
 
 
 def max_svg_bytes(branches: int, style: SvgStyle = SvgStyle()) -> int:
