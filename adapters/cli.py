@@ -261,6 +261,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _set_training_threads(threads: int | None) -> None:
+    """torch's thread count for onboarding: ``--threads``, else one that does not oversubscribe the
+    machine (:func:`adapters.onboarding.cli.default_threads`); said on stderr either way."""
+    import torch
+
+    from adapters.onboarding.cli import default_threads
+
+    if threads is None:
+        threads, why = default_threads(torch.get_num_threads())
+        print(f"adapters onboard: training on {threads} CPU threads ({why}); --threads N to choose", file=sys.stderr)
+    else:
+        print(f"adapters onboard: training on {threads} CPU threads (--threads)", file=sys.stderr)
+    torch.set_num_threads(threads)
+
+
 def _run(args: argparse.Namespace) -> object:
     result: object
     if args.command in ("train-base", "train-lora", "eval", "validate"):
@@ -279,10 +294,7 @@ def _run(args: argparse.Namespace) -> object:
         from adapters.onboarding.onboard import run_onboarding
 
         onboarding = spec_from_args(args)
-        if args.threads is not None:
-            import torch
-
-            torch.set_num_threads(args.threads)
+        _set_training_threads(args.threads)
         return run_onboarding(onboarding)
     if args.command == "add-end-tag":
         from adapters.training.end_tag import add_end_tag

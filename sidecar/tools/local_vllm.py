@@ -107,6 +107,19 @@ class LocalVllmSpec:
             args += ["--seed", str(self.seed)]
         return [*args, *self.extra_args]
 
+    def environment(self) -> dict[str, str]:
+        """The variables the CPU build needs on top of the caller's environment: without a KV cache
+        size it sizes the cache from free memory and fails to start on a small or busy machine."""
+        return {
+            "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_NO_USAGE_STATS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+
     @property
     def served_names(self) -> tuple[str, ...]:
         return (self.served_name, *self.lora_modules)
@@ -143,16 +156,7 @@ class LocalVllmServer:
         if not (self.spec.model_dir / "config.json").exists():
             raise ConfigError(f"no model at {self.spec.model_dir} (config.json missing)")
         self.port = self.spec.port or free_port(self.spec.host)
-        env = {
-            **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": str(self.spec.kv_cache_gib),
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "VLLM_NO_USAGE_STATS": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONUNBUFFERED": "1",
-        }
+        env = {**os.environ, **self.spec.environment()}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self._log_offset = log.tell()
