@@ -1,4 +1,4 @@
-"""``sidecar`` command line: run, demo, config show|check, clusters, judge, simulate, eval."""
+"""``sidecar`` command line: run, demo, config show|check, clusters, judge, simulate, eval, eval-alerts."""
 
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sidecar.tools.eval.cli import add_eval_parser
 
     add_eval_parser(sub)
+    from sidecar.tools.eval.alert_cli import add_alerts_parser
+
+    add_alerts_parser(sub)
     return parser
 
 

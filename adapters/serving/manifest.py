@@ -5,26 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import shlex
 import subprocess
-import sys
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sidecar.tools.command import recorded_command
+
+__all__ = ["MANIFEST_NAME", "file_sha256", "recorded_command"]
+
 MANIFEST_NAME = "manifest.json"
-
-
-def recorded_command(prog: str, argv: Sequence[str] | None = None) -> str:
-    """``prog`` and this run's arguments (default ``sys.argv[1:]``) as a report records them: shell-quoted,
-    the home directory written ``~``, so a committed report names no path of the machine it ran on."""
-    home = str(Path.home()).rstrip("/")
-    args = sys.argv[1:] if argv is None else argv
-    quoted = [shlex.quote(a) for a in args]
-    if home:  # a home of "/" (some containers) would turn every path into "~"
-        quoted = [q.replace(home + "/", "~/") for q in quoted]
-    return " ".join([prog, *quoted])
 
 
 def file_sha256(path: Path) -> str:

@@ -30,6 +30,12 @@ class UncertaintyPolicyConfig(BaseModel):
         description="relative: against the agent's own recent trees (rank of leaves and of best-branch "
         "logprob, flag the top target_rate on both, paper App. C.2.2); fixed: min_leaves / max_best_logprob.",
     )
+    rule: Literal["min_rank", "best_logprob"] = Field(
+        "min_rank",
+        description="relative: the score ranked against the window. min_rank: min(rank of leaves, rank of low "
+        "best-branch logprob), the paper's 'top on both'; best_logprob: the rank of low best-branch logprob alone "
+        "(docs/alert-evaluation.md measures both).",
+    )
     target_rate: float = Field(
         0.05, gt=0, lt=1, description="relative: the fraction of an agent's trees to flag as uncertain."
     )
@@ -177,6 +183,28 @@ class AlertSinksConfig(BaseModel):
     kafka: KafkaAlertSinkConfig = Field(default_factory=KafkaAlertSinkConfig)
 
 
+class FeedbackThresholdsConfig(BaseModel):
+    """``alerting.feedback``: whether and how far people's feedback moves alert thresholds."""
+
+    model_config = _frozen
+
+    adapt_thresholds: bool = Field(
+        False,
+        description="Let true/false-alarm feedback move each agent's uncertain-turn target_rate within the bounds "
+        "below (false: the configured thresholds, always).",
+    )
+    min_judged_alerts: int = Field(
+        20, ge=5, le=100_000, description="Judged alerts of an agent that close a batch and may move its threshold."
+    )
+    target_precision: float = Field(
+        0.5, gt=0, lt=1, description="A batch precision below it makes the rule stricter; at or above, it relaxes."
+    )
+    step: float = Field(0.2, gt=0, le=0.5, description="Each move scales the target rate by (1 - step) or back.")
+    min_rate_scale: float = Field(
+        0.25, gt=0, le=1, description="The target rate never goes below this share of the configured one."
+    )
+
+
 class AlertingConfig(BaseModel):
     """Escalation alerts from scored effects."""
 
@@ -195,6 +223,7 @@ class AlertingConfig(BaseModel):
     )
     sinks: AlertSinksConfig = Field(default_factory=AlertSinksConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
+    feedback: FeedbackThresholdsConfig = Field(default_factory=FeedbackThresholdsConfig)
 
     def policy_for(self, agent: str | None) -> PolicyConfig:
         return self.agents.get(agent or "", self.policy)

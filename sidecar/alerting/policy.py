@@ -8,8 +8,10 @@ agent's last ``window_trees`` trees:
 
 * ``r_leaves`` = the fraction of the window with at most as many leaves (mid-rank for ties),
   ``r_logprob`` = the fraction with at least as high a best-branch logprob;
-* the tree's *uncertainty score* is ``u = min(r_leaves, r_logprob)``: high only when both ranks
-  are high, i.e. "in the top on both";
+* the tree's *uncertainty score* is ``u = min(r_leaves, r_logprob)`` with ``rule: min_rank``:
+  high only when both ranks are high, i.e. "in the top on both"; with ``rule: best_logprob`` it is
+  ``u = r_logprob`` alone (the leaf count is measured to point the wrong way on some models and
+  outcomes: ``docs/alert-evaluation.md``);
 * it is flagged when ``u`` is above the window's ``1 - target_rate`` quantile of ``u``, so the
   flag rate tracks ``target_rate`` on stationary traffic whatever the model's scale. Ties at the
   threshold (frequent: many trees share a leaf count) are broken by a hash of the turn's key,
@@ -65,13 +67,16 @@ class AgentTrees:
         self._leaves.append(float(leaves))
         self._logprob.append(logprob)
 
-    def scores(self, leaves: int, logprob: float) -> tuple[float, np.ndarray]:
+    def scores(self, leaves: int, logprob: float, rule: str = "min_rank") -> tuple[float, np.ndarray]:
         """The new tree's score and the scores of the window's trees, against the window."""
-        lv = np.fromiter(self._leaves, dtype=np.float64, count=len(self._leaves))
         lp = np.fromiter(self._logprob, dtype=np.float64, count=len(self._logprob))
         # Low best-branch logprob is the uncertain end: rank the negated values.
-        window = np.minimum(_ranks(lv, lv), _ranks(-lp, -lp))
-        new = min(float(_ranks(lv, np.array([leaves]))[0]), float(_ranks(-lp, np.array([-logprob]))[0]))
+        window = _ranks(-lp, -lp)
+        new = float(_ranks(-lp, np.array([-logprob]))[0])
+        if rule == "min_rank":
+            lv = np.fromiter(self._leaves, dtype=np.float64, count=len(self._leaves))
+            window = np.minimum(_ranks(lv, lv), window)
+            new = min(float(_ranks(lv, np.array([leaves]))[0]), new)
         return new, window
 
 
@@ -94,7 +99,7 @@ class UncertaintyJudge:
         if len(trees) < cfg.min_trees:
             trees.add(leaves, best_logprob)
             return UncertaintyVerdict(False, None, None, "warming_up")
-        score, window = trees.scores(leaves, best_logprob)
+        score, window = trees.scores(leaves, best_logprob, cfg.rule)
         trees.add(leaves, best_logprob)
         threshold = float(np.quantile(window, 1.0 - cfg.target_rate, method="higher"))
         above = float(np.mean(window > threshold))

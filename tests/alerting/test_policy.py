@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
@@ -77,3 +78,25 @@ def test_scores_are_in_the_unit_interval_and_judging_never_raises(trees: list[tu
         v = judge.judge(cfg, "a", str(i), leaves, lp)
         assert v.score is None or 0.0 <= v.score <= 1.0
     assert judge.judge(cfg, "a", "none", 3, None).uncertain is False
+
+
+def test_best_logprob_rule_ignores_the_leaf_count() -> None:
+    """rule best_logprob: a one-leaf tree with the lowest best branch is flagged (min_rank would not:
+    its leaf rank is low), and a many-leaf tree with a sure best branch is not."""
+    rng = random.Random(1)
+    window = [(rng.randint(1, 5), -rng.uniform(1, 10)) for _ in range(300)]
+    rules: tuple[tuple[Literal["min_rank", "best_logprob"], bool], ...] = (("best_logprob", True), ("min_rank", False))
+    for rule, expected in rules:
+        cfg = UncertaintyPolicyConfig(target_rate=0.05, window_trees=300, min_trees=100, rule=rule)
+        judge = UncertaintyJudge()
+        for i, (leaves, lp) in enumerate(window):
+            judge.judge(cfg, "a", f"w{i}", leaves, lp)
+        assert judge.judge(cfg, "a", "x", 1, -100.0).uncertain is expected
+        assert not judge.judge(cfg, "a", "y", 50, -0.1).uncertain
+
+
+def test_best_logprob_rule_tracks_the_target_rate() -> None:
+    rng = random.Random(5)
+    trees = [(1 + int(rng.expovariate(0.5)), -rng.expovariate(1.0)) for _ in range(3000)]
+    cfg = UncertaintyPolicyConfig(target_rate=0.05, window_trees=500, min_trees=100, rule="best_logprob")
+    assert rate(cfg, trees) == pytest.approx(0.05, abs=0.02)
