@@ -73,13 +73,15 @@ class StateConfig(BaseModel):
         8 * 1_048_576,
         ge=1024,
         description="Messages that would take one conversation's state over this many bytes are "
-        "dead-lettered (conversation_too_large); the conversation keeps its prefix.",
+        "dead-lettered (conversation_too_large), and so are the messages after them; the conversation keeps "
+        "its prefix.",
     )
     max_messages_per_conversation: int = Field(
         2_000,
         ge=2,
         le=1_000_000,
-        description="Further messages of a longer conversation are dead-lettered (too_long).",
+        description="Further messages of a longer conversation are dead-lettered (conversation_too_long); "
+        "its conversation_end still ends it.",
     )
     max_conversation_lifetime_seconds: float = Field(
         86_400.0,

@@ -20,10 +20,12 @@ class Conversation:
     estimated memory its messages hold (:func:`sidecar.state.memory.message_bytes`). ``spans``
     holds, for conversations whose events carry OpenTelemetry ids, ``(message index, span)`` at
     every change of span (None until the first one: most conversations never pay for it).
+    ``capped`` is the reason of the cap it reached, None while it has reached none.
     """
 
     __slots__ = (
         "agent",
+        "capped",
         "closed_through",
         "conversation_id",
         "event_hashes",
@@ -63,6 +65,9 @@ class Conversation:
         self.last_activity = now
         self.opened_at_unix = opened_at_unix
         self.spans: list[tuple[int, SpanRef]] | None = None
+        # The dead-letter reason of the cap this conversation reached (too long or too large):
+        # its state stops there, and every later message is refused for the same reason.
+        self.capped: str | None = None
 
     def note_span(self, index: int, span: SpanRef | None) -> bool:
         """Remember that message ``index`` came from ``span``; True when that is a new entry."""

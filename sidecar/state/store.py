@@ -8,6 +8,9 @@ can replay it deterministically after a restart and the property tests can drive
 Invariants (tested with Hypothesis):
 
 * a conversation's messages are exactly the events with seq 0..n-1, in order, each once;
+* once a message is refused for a cap (``conversation_too_long``, ``conversation_too_large``),
+  every later message of that conversation is refused for the same cap (not as ``seq_gap``), and
+  its ``conversation_end`` still ends it;
 * every trigger key ``(conversation, turn, kind)`` is produced at most once;
 * the number of conversations stays within its cap, one conversation's memory within
   ``max_conversation_bytes``, and the partition's memory within its share of the process budget
@@ -159,12 +162,15 @@ class PartitionState:
             return self._finish(conv, "end_event")
         assert event.message is not None  # guaranteed by the decoder
         if len(conv.messages) >= cfg.max_messages_per_conversation:
+            conv.capped = "conversation_too_long"
             raise Rejected("conversation_too_long", f"over {cfg.max_messages_per_conversation} messages")
         if conv.mem_bytes + size > cfg.max_conversation_bytes:
+            conv.capped = "conversation_too_large"
             raise Rejected("conversation_too_large", f"over {cfg.max_conversation_bytes} bytes of state")
         triggers: list[Trigger] = []
         conv.messages.append(event.message)
         conv.event_hashes.append(hash(event.event_id))
+        conv.capped = None  # a smaller message filled the seq a too-large one left open
         size += SPAN_ENTRY_BYTES * conv.note_span(len(conv.messages) - 1, event.span)
         conv.mem_bytes += size
         self._add_bytes(size)
@@ -192,7 +198,12 @@ class PartitionState:
         if h in conv.event_hashes:
             raise Rejected("duplicate_event", "event_id was already applied at another seq")
         if event.seq > expected:
-            raise Rejected("seq_gap", f"expected seq {expected}, got {event.seq}")
+            if conv.capped is None:
+                raise Rejected("seq_gap", f"expected seq {expected}, got {event.seq}")
+            # Past a cap the state keeps its prefix and the following seqs can never be filled:
+            # every later message is refused for the cap, not as a gap, and the end still ends it.
+            if event.type != "conversation_end":
+                raise Rejected(conv.capped, f"seq {event.seq}: the conversation reached its cap at seq {expected}")
 
     # -- time ------------------------------------------------------------------------------
 

@@ -189,6 +189,79 @@ def test_too_long_conversation_is_rejected_not_grown() -> None:
         s.apply(mk("c", 12), 12, 0, 0)
 
 
+def test_every_message_past_the_cap_is_too_long_and_the_end_still_ends_it() -> None:
+    s = PartitionState(CFG)
+    for i in range(12):
+        s.apply(mk("c", i, "user" if i % 2 == 0 else "assistant"), i, 0, 0)
+    for seq in (12, 13, 14, 12, 40):  # the rest of the conversation, a re-sent one, a far one
+        with pytest.raises(Rejected) as info:
+            s.apply(mk("c", seq, "assistant"), seq, 0, 0)
+        assert info.value.reason == "conversation_too_long", info.value
+    assert len(s.conversations["c"].messages) == 12
+    out = s.apply(mk("c", 15, None, end=True), 15, 0, 0)
+    assert kinds(out)[-1] == ("conversation_ended", 6, "end_event")
+    with pytest.raises(Rejected, match="conversation_finished"):
+        s.apply(mk("c", 16, "user"), 16, 0, 0)
+
+
+def test_every_message_past_a_too_large_one_is_too_large_until_its_seq_is_filled() -> None:
+    s = PartitionState(CFG)
+    s.apply(mk("c", 0, "user", "x" * 100), 0, 0, 0)
+    with pytest.raises(Rejected, match="conversation_too_large"):
+        s.apply(mk("c", 1, "assistant", "x" * 5000), 1, 0, 0)
+    with pytest.raises(Rejected) as info:
+        s.apply(mk("c", 2, "user"), 2, 0, 0)
+    assert info.value.reason == "conversation_too_large"
+    # A smaller message at the open seq (another event id) fits: the conversation goes on, and a
+    # real gap after it is a gap again.
+    s.apply(mk("c", 1, "assistant", "short", eid="c/1/again"), 3, 0, 0)
+    with pytest.raises(Rejected) as info:
+        s.apply(mk("c", 3, "user"), 4, 0, 0)
+    assert info.value.reason == "seq_gap"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 1500), st.sampled_from(["user", "assistant"]), st.integers(0, 9)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_past_a_cap_no_message_is_called_a_gap(script: list[tuple[int, str, int]]) -> None:
+    """One conversation sent in seq order (every tenth event skips a seq): once a message is
+    refused for a cap, every following one is refused for it too, until one fills the open seq."""
+    s = PartitionState(CFG)
+    seq, capped, reasons = 0, None, Counter[str]()
+    for offset, (size, role, skip) in enumerate(script):
+        if skip == 0 and offset > 0:
+            seq += 1  # a lost event: a real gap unless a cap came first
+        try:
+            s.apply(mk("c", seq, role, "x" * size, eid=f"e{offset}"), offset, 0, 0)
+        except Rejected as rejected:
+            reasons[rejected.reason] += 1
+            if capped is not None:
+                assert rejected.reason == capped, (capped, rejected)
+            elif rejected.reason in ("conversation_too_long", "conversation_too_large"):
+                capped = rejected.reason
+        else:
+            capped = None
+        seq += 1
+        assert len(s.conversations["c"].messages) <= CFG.max_messages_per_conversation
+    assert set(reasons) <= {"seq_gap", "conversation_too_long", "conversation_too_large"}
+
+
+def test_a_gap_without_a_cap_is_still_a_gap() -> None:
+    s = PartitionState(CFG)
+    s.apply(mk("c", 0, "user"), 0, 0, 0)
+    for seq in (2, 5):
+        with pytest.raises(Rejected) as info:
+            s.apply(mk("c", seq, "user"), seq, 0, 0)
+        assert info.value.reason == "seq_gap"
+    with pytest.raises(Rejected, match="seq_gap"):
+        s.apply(mk("c", 3, None, end=True), 3, 0, 0)
+
+
 ops = st.lists(
     st.one_of(
         st.tuples(
@@ -216,6 +289,7 @@ def test_invariants_hold_under_arbitrary_event_sequences(script: list[tuple[Any,
     ended: Counter[str] = Counter()
     keys_seen: set[tuple[str, int, str, int]] = set()
     model: dict[str, list[int]] = {}  # seqs applied per open conversation, in order
+    capped: set[str] = set()  # open conversations whose last refused message hit a cap
 
     def take(ts: list[Trigger]) -> None:
         for t in ts:
@@ -226,6 +300,7 @@ def test_invariants_hold_under_arbitrary_event_sequences(script: list[tuple[Any,
             if t.kind == "conversation_ended":
                 ended[cid] += 1
                 model.pop(cid, None)
+                capped.discard(cid)
 
     for op in script:
         if op[0] == "time":
@@ -238,9 +313,14 @@ def test_invariants_hold_under_arbitrary_event_sequences(script: list[tuple[Any,
         is_new = cid not in s.conversations
         try:
             ts = s.apply(e, offset, now, 0)
-        except Rejected:
+        except Rejected as rejected:
             ts = []
+            if rejected.reason in ("conversation_too_long", "conversation_too_large"):
+                capped.add(cid)
+            # Past a cap the following seqs can never be filled: never reported as a gap.
+            assert not (cid in capped and rejected.reason == "seq_gap"), rejected
         else:
+            capped.discard(cid)
             if is_new:
                 opened[cid] += 1
                 model[cid] = []
