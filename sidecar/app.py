@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from sidecar.alerting.escalation import Escalations
 from sidecar.alerting.feedback import AlertFeedback, FeedbackMetrics
 from sidecar.alerting.metrics import AlertMetrics
+from sidecar.alerting.thresholds import FeedbackThresholds, ThresholdMetrics
 from sidecar.config import SidecarConfig
 from sidecar.contract import ConversationHooks
 from sidecar.fleet.leadership import Leadership
@@ -147,8 +148,23 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry, leadership: 
     out.sinks.append(escalations)
     out.components.append(escalations)
     out.health.append(escalations)
-    out.feedback = AlertFeedback(config.kafka.group_id, FeedbackMetrics(registry), labels)
+    _take_feedback(config, registry, labels, escalations, out)
     return out
+
+
+def _take_feedback(
+    config: SidecarConfig, registry: CollectorRegistry, labels: AgentLabels, escalations: Escalations, out: Assembly
+) -> None:
+    """People's feedback: counted, and moving the escalations' thresholds when configured."""
+    out.feedback = AlertFeedback(
+        config.kafka.group_id,
+        FeedbackMetrics(registry),
+        labels,
+        thresholds=escalations.thresholds,
+        alerting=config.alerting,
+    )
+    if escalations.thresholds is not None:
+        out.health.append(escalations.thresholds)
 
 
 def build_training_store(
@@ -171,7 +187,15 @@ def build_escalations(config: SidecarConfig, registry: CollectorRegistry, labels
         from sidecar.alerting.sinks import build_sinks
 
         sinks = build_sinks(config.alerting, config.kafka)
-    return Escalations(config.alerting, sinks, AlertMetrics(registry), group=config.kafka.group_id, agent_label=labels)
+    thresholds = FeedbackThresholds(config.alerting.feedback, ThresholdMetrics(registry))
+    return Escalations(
+        config.alerting,
+        sinks,
+        AlertMetrics(registry),
+        group=config.kafka.group_id,
+        agent_label=labels,
+        thresholds=thresholds,
+    )
 
 
 async def run_app(

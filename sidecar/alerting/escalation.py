@@ -35,6 +35,7 @@ from sidecar.alerting.config import AlertingConfig, PolicyConfig
 from sidecar.alerting.metrics import AlertMetrics
 from sidecar.alerting.policy import UncertaintyJudge
 from sidecar.alerting.sinks.base import AlertSink
+from sidecar.alerting.thresholds import FeedbackThresholds
 from sidecar.contract import CompletionScored, Effect, GoalAssigned, TreeScored, TurnContext
 from sidecar.errors import RetryableError
 from sidecar.lifecycle import Health
@@ -83,8 +84,11 @@ class Escalations:
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         observers: Sequence[AlertObserver] = (),
+        thresholds: FeedbackThresholds | None = None,
     ) -> None:
         self._cfg = config
+        self.thresholds = thresholds
+        """Feedback-moved thresholds (:mod:`sidecar.alerting.thresholds`), when given."""
         self._sinks = tuple(sinks) if config.enabled else ()
         self.metrics = metrics
         self._group = group
@@ -173,7 +177,10 @@ class Escalations:
 
     def _uncertain(self, ctx: TurnContext, policy: PolicyConfig, label: str, tree: TreeScored) -> Alert | None:
         key = "\x00".join([ctx.conversation_id, str(ctx.turn)])
-        verdict = self._judge.judge(policy.uncertainty, label, key, tree.leaves, tree.max_logprob)
+        rule = policy.uncertainty
+        if self.thresholds is not None:
+            rule = self.thresholds.uncertainty(label, rule)  # people's feedback may have moved it
+        verdict = self._judge.judge(rule, label, key, tree.leaves, tree.max_logprob)
         if verdict.score is not None:
             self.metrics.uncertainty_score.labels(label).observe(verdict.score)
         if not verdict.uncertain:

@@ -15,6 +15,9 @@ Metrics (label sets closed: ``agent`` is bounded by :class:`~sidecar.telemetry.l
 * ``sidecar_alert_precision{agent,kind}``: true alarms / judged alarms since this process started
   (a series appears with the first judged alarm). Over a window, compute it from the counter, as
   the dashboard does.
+
+With ``alerting.feedback.adapt_thresholds`` the judgements also move thresholds
+(:mod:`sidecar.alerting.thresholds`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sidecar.alerting.alert import ALERT_KINDS, alert_id
+from sidecar.alerting.config import AlertingConfig
+from sidecar.alerting.thresholds import FeedbackThresholds
 from sidecar.contract import Outcome
 from sidecar.stage.feedback import FeedbackContext, feedback_outcome
 
@@ -62,10 +67,20 @@ class AlertFeedback:
 
     name = "feedback"
 
-    def __init__(self, group: str, metrics: FeedbackMetrics, agent_label: AgentLabel) -> None:
+    def __init__(
+        self,
+        group: str,
+        metrics: FeedbackMetrics,
+        agent_label: AgentLabel,
+        *,
+        thresholds: FeedbackThresholds | None = None,
+        alerting: AlertingConfig | None = None,
+    ) -> None:
         self._group = group
         self.metrics = metrics
         self._label = agent_label
+        self.thresholds = thresholds
+        self._alerting = alerting
         # (agent label, kind) -> [true alarms, false alarms] since this process started.
         self._judged: dict[tuple[str, str], list[int]] = {}
 
@@ -84,6 +99,14 @@ class AlertFeedback:
             counts = self._judged.setdefault((label, ctx.alert_kind), [0, 0])
             counts[0 if fb.rating == "true_alarm" else 1] += 1
             self.metrics.precision.labels(label, ctx.alert_kind).set(counts[0] / (counts[0] + counts[1]))
+            if self.thresholds is not None:
+                policy = self._alerting.policy_for(ctx.target.agent) if self._alerting is not None else None
+                self.thresholds.judged(
+                    label,
+                    ctx.alert_kind,
+                    true_alarm=fb.rating == "true_alarm",
+                    configured_rate=policy.uncertainty.target_rate if policy is not None else None,
+                )
         log.info(
             "feedback.applied",
             agent=label,

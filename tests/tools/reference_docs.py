@@ -34,6 +34,7 @@ METRIC_CLASSES = [
     "sidecar.clustering.metrics:FleetGoalMetrics",
     "sidecar.alerting.metrics:AlertMetrics",
     "sidecar.alerting.feedback:FeedbackMetrics",
+    "sidecar.alerting.thresholds:ThresholdMetrics",
     "sidecar.judge.metrics:JudgeMetrics",
     "sidecar.telemetry.loop_lag:LoopLagMonitor",
     "sidecar.training_store.sink:TrainingStoreMetrics",
