@@ -29,7 +29,15 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.metrics import FleetGoalMetrics
-from sidecar.clustering.records import FleetGoalModel, GoalInput, decode_input, decode_model, encode_input, encode_model
+from sidecar.clustering.records import (
+    FleetGoalModel,
+    GoalInput,
+    Published,
+    decode_input,
+    decode_model,
+    encode_input,
+    encode_model,
+)
 from sidecar.fleet.leadership import Leadership
 from sidecar.fleet.publisher import PublishFailed, TablePublisher
 from sidecar.fleet.table import Change, CompactedTable, InvalidRow, TableMetrics, TopicMissing, fenced
@@ -218,18 +226,19 @@ class FleetGoals:
     def leading(self) -> bool:
         return self._leadership.term is not None
 
-    async def publish_model(self, plan: FleetGoalModel) -> bool:
-        """As the leader, write ``plan`` (ids already matched) under this term; False when this
-        replica does not lead (any more) or the write was not acknowledged."""
+    async def publish_model(self, plan: FleetGoalModel) -> Published:
+        """As the leader, write ``plan`` (ids already matched) under this term: ``published``, or
+        ``not_leader`` when this replica does not lead (any more: a correct step-down), or
+        ``publish_error`` when the write was not acknowledged."""
         term = self._leadership.term
         if term is None:
             self.metrics.models.labels("not_leader").inc()
-            return False
+            return "not_leader"
         current = self.table.get(MODEL_KEY)
         if current is not None and current.generation > term.generation:
             self._leadership.superseded(current.generation)
             self.metrics.models.labels("not_leader").inc()
-            return False
+            return "not_leader"
         # Versions count on from what this term wrote or read, whichever is further: a run that follows
         # another before its model was read back must not repeat its version (it would be stale).
         version = 0
@@ -243,12 +252,12 @@ class FleetGoals:
         except PublishFailed as exc:
             self.metrics.models.labels("publish_error").inc()
             log.warning("goal_fleet.model_write_failed", error=str(exc))
-            return False
+            return "publish_error"
         self._written = (row.generation, row.version)
         self.metrics.models.labels("published").inc()
         log.info("goal_fleet.model_published", generation=row.generation, version=row.version, goals=len(row.clusters))
         await self._read_back(row)
-        return True
+        return "published"
 
     async def _read_back(self, row: FleetGoalModel) -> None:
         """Wait (at most the write timeout) until this replica applied ``row`` or a newer model: the

@@ -35,7 +35,7 @@ from sidecar.clustering.fleet import MODEL_KEY, FleetGoals
 from sidecar.clustering.llm import ExtractiveGoalLLM, GoalLLM, OpenAIGoalLLM, extractive_summary
 from sidecar.clustering.metrics import ClusteringMetrics
 from sidecar.clustering.model import OTHER, UNKNOWN, GoalModel
-from sidecar.clustering.records import FleetGoalModel, GoalInput
+from sidecar.clustering.records import FleetGoalModel, GoalInput, Published
 from sidecar.clustering.reservoir import Reservoir, ReservoirItem
 from sidecar.clustering.scheduler import ReclusterScheduler
 from sidecar.contract import CompletionScored, Effect, GoalAssigned, HookResult, Outcome, Scored, TurnContext
@@ -256,7 +256,7 @@ class GoalClusterer:
             return
         self.scheduler.offer(ReservoirItem(item.conversation_id, item.summary, item.vector))
 
-    async def _publish_fleet_model(self, result: ClusteringResult) -> bool:
+    async def _publish_fleet_model(self, result: ClusteringResult) -> Published:
         assert self.fleet is not None
         return await self.fleet.publish_model(self.model.plan(result))
 

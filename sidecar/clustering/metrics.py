@@ -32,7 +32,8 @@ class ClusteringMetrics:
         self.runs = Counter(
             "sidecar_clustering_runs_total",
             "Re-clustering runs by trigger (initial, schedule, drift, manual) and result (ok, error, skipped, "
-            "not_leader: with clustering.fleet, only the fleet's leader runs).",
+            "not_leader: with clustering.fleet, only the fleet's leader runs, and a run whose replica stopped "
+            "leading before its model was written steps down).",
             ["trigger", "result"],
             registry=registry,
         )

@@ -21,7 +21,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +40,9 @@ _ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _MAX_COMPONENT = 1.0 + 1e-3
 
 Vector = npt.NDArray[np.float32]
+# What became of a leader's model write: ``not_leader`` is a correct step-down (this replica does not
+# lead any more, or a newer term's model is on the topic), not a failure.
+Published = Literal["published", "not_leader", "publish_error"]
 
 
 @dataclass(frozen=True, slots=True)

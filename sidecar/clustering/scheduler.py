@@ -35,6 +35,7 @@ from sidecar.clustering.embed import Embedder
 from sidecar.clustering.llm import GoalLLM
 from sidecar.clustering.metrics import ClusteringMetrics
 from sidecar.clustering.model import GoalModel
+from sidecar.clustering.records import Published
 from sidecar.clustering.reservoir import Reservoir, ReservoirItem
 from sidecar.supervision import Supervised, spawn
 
@@ -56,12 +57,13 @@ class ReclusterScheduler:
         reservoir: Reservoir,
         llm: GoalLLM,
         embedder: Embedder,
-        publish: Callable[[ClusteringResult], Awaitable[bool]] | None = None,
+        publish: Callable[[ClusteringResult], Awaitable[Published]] | None = None,
         may_run: Callable[[], bool] | None = None,
     ) -> None:
         """``publish``: instead of applying a run's result here, hand it on (the fleet's leader
-        writes it to the model topic, and every replica applies what it reads back); False fails
-        the run. ``may_run``: runs only happen while it says so (the fleet's leader)."""
+        writes it to the model topic, and every replica applies what it reads back): ``not_leader``
+        ends the run as a step-down (counted ``not_leader``, logged at info), ``publish_error``
+        fails it. ``may_run``: runs only happen while it says so (the fleet's leader)."""
         self._cfg = config
         self._publish = publish
         self._may_run = may_run
@@ -165,6 +167,10 @@ class ReclusterScheduler:
                 await self._recluster(items)
             except asyncio.CancelledError:
                 raise
+            except SteppedDown:  # leadership moved on during the run: correct fencing, not a failure
+                self._metrics.runs.labels(trigger, "not_leader").inc()
+                log.info("clustering.stepped_down", trigger=trigger)
+                return False
             except Exception as exc:  # the old clusters stay live; the next trigger retries
                 self.last_error = type(exc).__name__
                 self._metrics.runs.labels(trigger, "error").inc()
@@ -209,8 +215,11 @@ class ReclusterScheduler:
         rows = list(zip(res.assignments.tolist(), (it.complete for it in items), strict=True))
         _, dist = assign_nearest(vectors, res.centroids)
         if self._publish is not None:
-            if not await self._publish(res):
-                raise ModelNotPublished("the goal model was not published")
+            published = await self._publish(res)
+            if published == "not_leader":
+                raise SteppedDown("this replica does not lead the fleet any more")
+            if published != "published":
+                raise ModelNotPublished(f"the goal model was not published ({published})")
         else:
             # No await from here on: hooks running concurrently see the old clusters and counts or
             # the new ones, never a mix.
@@ -238,5 +247,10 @@ def _one_dimension(items: list[ReservoirItem]) -> list[ReservoirItem]:
 
 
 class ModelNotPublished(RuntimeError):
-    """A fleet leader's run whose model was not written (not leading any more, or Kafka did not
-    acknowledge it): counted as a failed run; the next trigger retries."""
+    """A fleet leader's run whose model Kafka did not acknowledge: counted as a failed run; the next
+    trigger retries."""
+
+
+class SteppedDown(RuntimeError):
+    """A run that ended because its replica no longer leads the fleet (a newer term took over): the
+    new leader's model stands, so the run is counted ``not_leader``, not as an error."""

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
+from sidecar.clustering.algorithm import ClusteringResult
 from sidecar.clustering.completion_rate import CompletionRates
 from sidecar.clustering.config import ClusteringConfig
 from sidecar.clustering.ids import ClusterIdRegistry
 from sidecar.clustering.llm import MergeQuery
 from sidecar.clustering.metrics import ClusteringMetrics
 from sidecar.clustering.model import GoalModel
+from sidecar.clustering.records import Published
 from sidecar.clustering.reservoir import Reservoir, ReservoirItem
 from sidecar.clustering.scheduler import TASK_NAME, ReclusterScheduler
 from sidecar.errors import RetryableError
@@ -24,7 +27,12 @@ from tests.clustering.fakes import HashEmbedder, OracleLLM, blobs
 class Parts:
     """A scheduler with the real model, rates and reservoir it drives."""
 
-    def __init__(self, llm: OracleLLM | None = None, **cfg: Any) -> None:
+    def __init__(
+        self,
+        llm: OracleLLM | None = None,
+        publish: Callable[[ClusteringResult], Awaitable[Published]] | None = None,
+        **cfg: Any,
+    ) -> None:
         base: dict[str, Any] = {"enabled": True, "k1": 6, "min_conversations": 12, "reservoir_size": 200}
         self.cfg = ClusteringConfig(**{**base, **cfg})
         self.metrics = ClusteringMetrics(CollectorRegistry())
@@ -40,6 +48,7 @@ class Parts:
             reservoir=self.reservoir,
             llm=self.llm,
             embedder=HashEmbedder(),
+            publish=publish,
         )
         self.texts, self.vectors, self.truth = blobs(3, 30, seed=1)
         self.offered = 0
@@ -112,6 +121,31 @@ async def test_a_failed_run_keeps_the_old_model_and_says_why() -> None:
     down = False
     assert await p.scheduler.recluster()
     assert p.scheduler.last_error == ""
+
+
+@pytest.mark.parametrize(("published", "result"), [("not_leader", "not_leader"), ("publish_error", "error")])
+async def test_a_leader_that_steps_down_mid_run_is_not_counted_as_a_failure(published: Published, result: str) -> None:
+    """A run whose model the fleet refused because this replica no longer leads is a correct
+    step-down (counted not_leader, logged at info); an unacknowledged write stays an error."""
+
+    async def publish(res: ClusteringResult) -> Published:
+        return published
+
+    p = Parts(publish=publish)
+    p.offer(24)
+    with capture_logs() as logs:
+        assert await p.scheduler.recluster("schedule") is False
+    assert p.runs("schedule", result) == 1
+    assert p.runs("schedule", "error" if result == "not_leader" else "not_leader") == 0
+    assert p.runs("schedule", "ok") == 0 and p.scheduler.runs == 0
+    events = {(e["event"], e["log_level"]) for e in logs}
+    if result == "not_leader":
+        assert ("clustering.stepped_down", "info") in events
+        assert not any(name == "clustering.run_failed" for name, _ in events)
+        assert p.scheduler.last_error == ""
+    else:
+        assert ("clustering.run_failed", "warning") in events
+        assert p.scheduler.last_error == "ModelNotPublished"
 
 
 async def test_the_first_run_starts_as_soon_as_the_sample_is_big_enough() -> None:
