@@ -23,6 +23,7 @@ rest of the model is unchanged; weights keep their dtype.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -134,6 +135,21 @@ def _copy_side_files(base: Path, out: Path) -> None:
             shutil.copy2(p, out / p.name)
 
 
+def _stamp(out: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir() if p.is_file()}
+
+
+def _readable(out: Path, before: dict[str, tuple[int, int]]) -> None:
+    """Give every file this run wrote in ``out`` the mode a plain write gets (0644 under the usual
+    umask 022). safetensors writes its weights through a private temporary file (0600) and
+    ``copy2`` keeps the base's modes, so a vLLM server run as another user could not read them."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for name, stamp in _stamp(out).items():
+        if before.get(name) != stamp and not (out / name).is_symlink():
+            (out / name).chmod(0o666 & ~umask)
+
+
 def add_end_tag(base: Path, out: Path, *, reuse_reserved: bool = True, seed: int = 0) -> dict[str, Any]:
     """Write ``out``: ``base`` with the end tag as a special token and its rows initialised."""
     from transformers import AutoModelForCausalLM
@@ -165,6 +181,7 @@ def add_end_tag(base: Path, out: Path, *, reuse_reserved: bool = True, seed: int
         model.resize_token_embeddings(token_id + 1)
     norm = init_rows(model, [token_id], seed) if method != "present" else None
     out.mkdir(parents=True, exist_ok=True)
+    before = _stamp(out)
     model.save_pretrained(str(out), safe_serialization=True)
     _copy_side_files(base, out)
     (out / "tokenizer.json").write_text(json.dumps(raw, ensure_ascii=False, indent=2), encoding="utf-8")
@@ -187,5 +204,6 @@ def add_end_tag(base: Path, out: Path, *, reuse_reserved: bool = True, seed: int
         "dtype": str(model.dtype).removeprefix("torch."),
     }
     write_manifest(out, "base-with-end-tag", base=base.name, **result)
+    _readable(out, before)
     log.info("adapters.end_tag.done", **{k: v for k, v in result.items() if k != "end_tag"})
     return result

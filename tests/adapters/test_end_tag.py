@@ -4,6 +4,8 @@ rows initialised, and vLLM serves the result with an adapter trained on it."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import httpx
@@ -88,6 +90,24 @@ def test_added_end_tag_is_one_special_token_with_a_typical_row(tmp_path: Path, t
     assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == rows + 1
     again = add_end_tag(tmp_path / "out", tmp_path / "again")
     assert (again["method"], again["end_tag_id"]) == ("present", rows)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_every_prepared_file_is_readable_like_a_plain_write(tmp_path: Path, umask: int) -> None:
+    """The weights too: a vLLM server run as another user reads the prepared base. A base whose
+    files are private (0600) gives no private copies either; the umask is respected."""
+    base = stock_base(tmp_path / "base", reserved=False)
+    (base / "generation_config.json").write_text("{}")  # a side file copied as it is
+    for p in base.iterdir():
+        p.chmod(0o600)
+    old = os.umask(umask)
+    try:
+        add_end_tag(base, tmp_path / "out")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "out").iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "manifest.json"} <= set(modes)
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)
 
 
 def test_a_reserved_special_token_is_reused_without_a_resize(tmp_path: Path) -> None:
