@@ -16,7 +16,13 @@ import time
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CorruptRecordException, KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    CorruptRecordException,
+    IllegalGenerationError,
+    KafkaError,
+    UnknownMemberIdError,
+)
 from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.contract import ConversationHooks
@@ -25,6 +31,7 @@ from sidecar.kafka_clients import client_kwargs
 from sidecar.lifecycle import Health
 from sidecar.source.capabilities import BrokerCapabilities
 from sidecar.source.config import KafkaConfig
+from sidecar.source.fence import FenceReason, MemberFence, group_term, request_rejoin, watchdog
 from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.recovery import JournalReader
 from sidecar.source.results import KafkaResultsWriter
@@ -42,17 +49,6 @@ POLL_TIMEOUT_MS = 200
 # from getmany() with no record attached; these are the exceptions that mean "a record", not "the
 # broker", and send the fetch loop into _isolate_unreadable.
 UNREADABLE_ERRORS = (UnicodeDecodeError, CorruptRecordException)
-
-
-def group_term(consumer: AIOKafkaConsumer) -> tuple[int, str]:
-    """The group generation and member id of the consumer's current assignment.
-
-    aiokafka keeps them on its coordinator only (no public accessor); both are set before the
-    assignment callback runs. -1 / "" outside a group."""
-    coordinator = getattr(consumer, "_coordinator", None)
-    generation = getattr(coordinator, "generation", -1)
-    member_id = getattr(coordinator, "member_id", "")
-    return int(generation if isinstance(generation, int) else -1), str(member_id or "")
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -96,6 +92,14 @@ class KafkaEventSource:
         self.results = KafkaResultsWriter(self.producer, cfg, metrics, self.signer)
         self.dead_letters = KafkaDeadLetterWriter(self.producer, cfg, metrics, self.results.write_health)
         self.journal_reader = JournalReader(cfg)
+        # Up once this member may have lost its partitions: a loop stall longer than it can go
+        # without a heartbeat, or a coordinator that no longer holds the assignment's term.
+        self.fence = MemberFence(
+            (cfg.session_timeout_ms - cfg.heartbeat_interval_ms) / 1000,
+            term=lambda: group_term(self.consumer),
+            on_fenced=self._fenced,
+        )
+        self.results.fence = self.fence
         self.consumer = AIOKafkaConsumer(
             **client_kwargs(cfg),
             group_id=cfg.group_id,
@@ -123,6 +127,7 @@ class KafkaEventSource:
             dead_letters=self.dead_letters,
             count_journal_skip=self.count_journal_skip,
             set_paused=self.set_paused,
+            fence=self.fence,
         )
         self._workers: dict[TopicPartition, PartitionWorker] = {}
         self._tg: asyncio.TaskGroup | None = None
@@ -150,6 +155,7 @@ class KafkaEventSource:
                 for w in self._workers.values():
                     if w.task is None:
                         w.task = tg.create_task(w.run(), name=f"partition-{w.tp.partition}")
+                tg.create_task(watchdog(self.fence), name="watchdog")
                 tg.create_task(self._commit_loop(), name="commit-loop")
                 tg.create_task(self._fetch_loop(), name="fetch-loop")
         finally:
@@ -187,6 +193,10 @@ class KafkaEventSource:
             detail += " standby"
         if not writing:
             detail += f" results={write_detail}"
+        fenced = self.fence.reason if self._workers else None
+        if fenced is not None:
+            ready = False
+            detail += f" fenced={fenced}"
         if self.cfg.processing_guarantee != "exactly_once":
             detail += f" guarantee={self.cfg.processing_guarantee}"
         if self.capabilities is not None and self.capabilities.summary():
@@ -199,6 +209,8 @@ class KafkaEventSource:
     # -- rebalance ---------------------------------------------------------------------------
 
     def assign(self, assigned: list[TopicPartition]) -> None:
+        # A new assignment, a new epoch: nothing of an earlier (possibly fenced) one acts again.
+        self.fence.arm()
         for tp in assigned:
             if tp in self._workers:
                 continue
@@ -226,6 +238,9 @@ class KafkaEventSource:
             # asyncio.wait, not `await task` under suppress(CancelledError): that would also
             # swallow a cancellation of this revoke itself (the source's stop being cancelled).
             await asyncio.wait(stopping)
+        if self.fence.fenced:
+            await self._release_fenced(workers, began)
+            return
         released = [w for w in workers if w.processor is not None]
         points = await asyncio.gather(
             *(
@@ -239,6 +254,10 @@ class KafkaEventSource:
             for w, cp in zip(released, points, strict=True)
             if cp is not None
         }
+        if self.fence.fenced:  # superseded during the grace period: what is left is not written
+            for w in workers:
+                self.results.discard(w.tp.partition)
+            offsets = {}
         self.metrics.partitions_assigned.set(len(self._workers))
         if offsets:
             await self._commit(offsets, self.cfg.revoke_flush_timeout_seconds)
@@ -250,6 +269,33 @@ class KafkaEventSource:
             partitions=sorted(tp.partition for tp in revoked),
             seconds=round(time.monotonic() - began, 3),
         )
+
+    async def _release_fenced(self, workers: list[PartitionWorker], began: float) -> None:
+        """Give up partitions this member may already have lost: abandon, drop unsent journal
+        writes, commit nothing (the next owner redoes the pending effects from the journal)."""
+        for w in workers:
+            if w.processor is not None:
+                await w.processor.release_fenced()
+            self.results.discard(w.tp.partition)
+        self.metrics.partitions_assigned.set(len(self._workers))
+        for w in workers:
+            if w.tp not in self._workers:
+                self.metrics.forget_partition(w.tp.partition)
+        log.info(
+            "kafka.revoked",
+            partitions=sorted(w.tp.partition for w in workers),
+            seconds=round(time.monotonic() - began, 3),
+            fenced=self.fence.reason,
+        )
+
+    def _fenced(self, reason: FenceReason) -> None:
+        """The fence went up: count it, step down as leader, and ask the group for a new
+        assignment (a member the coordinator still knows would otherwise keep partitions it no
+        longer processes)."""
+        self.metrics.members_fenced.labels(reason).inc()
+        if self.leadership is not None:
+            self.leadership.revoked()
+        request_rejoin(self.consumer)
 
     # -- loops -------------------------------------------------------------------------------
 
@@ -375,6 +421,10 @@ class KafkaEventSource:
             async with asyncio.timeout(timeout_seconds):
                 await self.consumer.commit(offsets)
         except (KafkaError, TimeoutError) as exc:
+            if isinstance(exc, CommitFailedError) and isinstance(
+                exc.__cause__, (IllegalGenerationError, UnknownMemberIdError)
+            ):
+                self.fence.fence("commit_refused")
             # A commit lost to a rebalance is harmless: the next owner starts from the previous
             # commit and the journal keeps effects from repeating. Repeated failures are not: the
             # commit age keeps growing (see PartitionWorker.uncommitted_since) and the counter

@@ -22,6 +22,7 @@ import structlog
 from sidecar.contract import ConversationHooks, Effect, HookResult, Outcome, TurnContext, events_of, provenance_of
 from sidecar.errors import DecodeError
 from sidecar.events import Event, decode_event
+from sidecar.source.fence import Fence, Unfenced
 from sidecar.source.journal import (
     CommitPoint,
     DeadLetterWriter,
@@ -76,8 +77,14 @@ class PartitionProcessor:
         wall_clock: Callable[[], float] = time.time,
         budget: MemoryBudget | None = None,
         stage: PostScoreStage | None = None,
+        fence: Fence | None = None,
+        epoch: int | None = None,
     ) -> None:
         self.partition = partition
+        # Asked before every effect, journal write, dead letter and commit point: once this member
+        # may have lost the partition (sidecar/source/fence.py) it does none of them.
+        self._fence: Fence = fence or Unfenced()
+        self._epoch = self._fence.epoch if epoch is None else epoch
         self.state = PartitionState(state_config, budget)
         self._redactor = redactor_for(state_config.redaction)
         for cid, first_offset in recovery.finished:
@@ -122,6 +129,11 @@ class PartitionProcessor:
     def pending_effects(self) -> int:
         return len(self._pending)
 
+    @property
+    def live(self) -> bool:
+        """False once this member may have lost the partition: nothing more is written for it."""
+        return self._fence.allows(self._epoch)
+
     # -- processing --------------------------------------------------------------------------
 
     async def process(self, record: SourceRecord, received_at: float, received_at_unix: float | None = None) -> None:
@@ -139,6 +151,8 @@ class PartitionProcessor:
         if offset < self.next_offset:
             return  # delivered again after a seek: already applied
         await self._wait_for_room()
+        if not self.live:
+            return  # superseded: the next owner processes it
         self._apply_transitions(offset)
         replay = offset < self._replay_until
         (self._m.replayed if replay else self._m.consumed).inc()
@@ -195,6 +209,8 @@ class PartitionProcessor:
         if replay or position in self._feedback_done:
             self._m.suppressed("feedback").inc()
             return
+        if not self.live:
+            return
         try:
             outcome = self._stage.feedback.apply(ctx)
         except Exception as exc:  # a sink's bug: recorded as the outcome, the partition goes on
@@ -214,6 +230,8 @@ class PartitionProcessor:
             tenant=ctx.target.tenant,
             outcome=dict(outcome),
         )
+        if not self.live:
+            return
         acked = await self._results.submit(self.partition, ctx.conversation_id, record)
         entry.acked = acked
         acked.add_done_callback(lambda f: self._release(entry, f))
@@ -224,6 +242,8 @@ class PartitionProcessor:
         if record.offset < self.next_offset:
             return
         await self._wait_for_room()
+        if not self.live:
+            return
         self._apply_transitions(record.offset)
         replay = record.offset < self._replay_until
         (self._m.replayed if replay else self._m.consumed).inc()
@@ -236,6 +256,8 @@ class PartitionProcessor:
         if self.replaying:
             return
         await self._wait_for_room()
+        if not self.live:
+            return  # after a stall every timer looks due: the new owner's clock decides
         now = self._clock()
         wall = self._wall()
         for t in self.state.due(now, wall):
@@ -266,6 +288,8 @@ class PartitionProcessor:
         if replay or (self._keys and t.key in self._keys):
             m.suppressed(kind).inc()
             return
+        if not self.live:
+            return  # no hook, no sink, no journal write: the next owner fires it
         conv = t.conversation
         ctx = TurnContext(
             kind=kind,
@@ -315,6 +339,8 @@ class PartitionProcessor:
             raise
         except Exception as exc:
             outcome = self._hook_failed(ctx, exc)
+        if not self.live:
+            return  # superseded while the hook ran: no sink sees it, the next owner redoes it
         staged = self._stage.offer(Effect(ctx, events_of(outcome), outcome))
         if staged is not None:
             await staged
@@ -343,6 +369,8 @@ class PartitionProcessor:
     async def _journal(
         self, entry: _Pending, ctx: TurnContext, outcome: Outcome, position: int, trigger: TriggeredBy
     ) -> None:
+        if not self.live:
+            return  # stays pinned and unwritten: the next owner redoes it from the journal
         record = ResultRecord(
             v=RESULT_VERSION,
             partition=self.partition,
@@ -392,11 +420,15 @@ class PartitionProcessor:
             await self._room.wait()
 
     def _dead_letter(self, record: SourceRecord, reason: str, detail: str) -> None:
+        if not self.live:
+            return
         self._m.dead(reason).inc()
         log.info("event.dead_lettered", partition=self.partition, offset=record.offset, reason=reason, detail=detail)
         entry = self._pin(record.offset, None)
 
         async def write() -> None:
+            if not self.live:
+                return  # stays pinned: the next owner dead-letters it
             try:
                 await self._dlq.dead_letter(record, reason, detail)
             except Exception as exc:
@@ -420,8 +452,8 @@ class PartitionProcessor:
     # -- commits and shutdown ----------------------------------------------------------------
 
     def commit_point(self) -> CommitPoint | None:
-        """Where this partition may commit now, or None while replaying."""
-        if self.replaying:
+        """Where this partition may commit now, or None while replaying or once superseded."""
+        if self.replaying or not self.live:
             return None
         p = self.next_offset
         low = p
@@ -439,10 +471,11 @@ class PartitionProcessor:
         )
 
     async def drain(self, timeout_seconds: float) -> bool:
-        """Wait up to ``timeout_seconds`` for pending effects; True if none is left."""
+        """Wait up to ``timeout_seconds`` for pending effects; True if none is left. Ends early once
+        the fence is up: a superseded member's effects are not acknowledged any more."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds
-        while self._pending and loop.time() < deadline:
+        while self._pending and loop.time() < deadline and self.live:
             waits = {f for e in self._pending.values() for f in (e.waiter, e.acked) if f is not None and not f.done()}
             if not waits:
                 await asyncio.sleep(0.01)
@@ -476,7 +509,13 @@ class PartitionProcessor:
         (``sidecar_release_unflushed_total``) and logged; the commit point is returned anyway,
         since it never covers an unacknowledged effect.
         """
-        await self.drain(grace_seconds)
+        if self.live:
+            await self.drain(grace_seconds)
+        if not self.live:
+            # Superseded (maybe during the grace period): flushing now could land writes after the
+            # next owner read the journal, so what is not acknowledged yet is abandoned instead.
+            await self.release_fenced()
+            return None
         await self.abandon()
         if not await self._results.flush(self.partition, flush_timeout_seconds):
             self._metrics.release_unflushed.inc()
@@ -484,6 +523,16 @@ class PartitionProcessor:
         point = self.commit_point()
         self.state.close()
         return point
+
+    async def release_fenced(self) -> None:
+        """Give up a partition this member may already have lost: no drain, no flush, no commit.
+
+        Pending effects are abandoned (the next owner redoes them from the journal); waiting for
+        them or flushing their journal writes would only let them land after the next owner read
+        the journal, which is how a woken member would write an outcome twice.
+        """
+        await self.abandon()
+        self.state.close()
 
     def oldest_pending_age(self, now: float) -> float:
         """Seconds the oldest effect still pinning the commit point has waited (0 if none)."""

@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from aiokafka.producer.message_accumulator import BatchBuilder
 
 from sidecar.source.config import KafkaConfig
+from sidecar.source.fence import Fence, Unfenced
 from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.result_record import ResultRecord
 from sidecar.source.writers import WriteHealth, encode_result, flush_producer, send_until_acked, too_large
@@ -38,6 +39,7 @@ class _Item:
     source_partition: int
     key: bytes
     value: bytes
+    epoch: int = 0
 
 
 @dataclass(slots=True)
@@ -63,6 +65,9 @@ class KafkaResultsWriter:
         # Resend loops of failed writes, per source partition, so that giving one partition up
         # (revoke) stops its resends without touching the others'.
         self._retries: dict[int, set[asyncio.Task[None]]] = {}
+        # Set by the source: a record of a fenced epoch (this member may have lost its partition)
+        # is dropped before it reaches the producer, however long it waited in an open batch.
+        self.fence: Fence = Unfenced()
 
     async def partition_count(self) -> int:
         if self._partitions is None:
@@ -80,6 +85,7 @@ class KafkaResultsWriter:
             source_partition,
             conversation_id.encode("utf-8"),
             encode_result(record, self._metrics),
+            self.fence.epoch,
         )
         self._append(source_partition % n, item)
         return item.done
@@ -105,6 +111,10 @@ class KafkaResultsWriter:
 
     def _ship(self, partition: int) -> None:
         batch = self._open.pop(partition)
+        if not all(self.fence.allows(i.epoch) for i in batch.items):
+            batch = self._without_fenced(batch)
+            if not batch.items:
+                return
         task = asyncio.ensure_future(self._send(partition, batch))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
@@ -125,11 +135,48 @@ class KafkaResultsWriter:
             if not item.done.done():
                 item.done.set_result(int(md.offset) + i)
 
+    def _without_fenced(self, batch: _OpenBatch) -> _OpenBatch:
+        """The batch rebuilt from its records that may still be written; the others are dropped
+        (their futures cancelled, so their effects stay pinned and are never acknowledged)."""
+        kept = _OpenBatch(self._producer.create_batch())
+        for item in batch.items:
+            if self.fence.allows(item.epoch):
+                kept.builder.append(timestamp=None, key=item.key, value=item.value)
+                kept.items.append(item)
+            elif not item.done.done():
+                item.done.cancel()
+        return kept
+
+    def discard(self, source_partition: int) -> None:
+        """Drop what ``source_partition`` still has to write, unsent: its open records and resends.
+
+        For a partition this member may have lost: flushing would land them after the next
+        owner read the journal. Records already handed to the producer cannot be called back."""
+        for task in list(self._retries.pop(source_partition, ())):
+            task.cancel()
+        for partition, batch in list(self._open.items()):
+            if any(i.source_partition == source_partition for i in batch.items):
+                rest = _OpenBatch(self._producer.create_batch())
+                for item in batch.items:
+                    if item.source_partition != source_partition:
+                        rest.builder.append(timestamp=None, key=item.key, value=item.value)
+                        rest.items.append(item)
+                    elif not item.done.done():
+                        item.done.cancel()
+                if rest.items:
+                    self._open[partition] = rest
+                    asyncio.get_running_loop().call_soon(self._ship_if_open, partition, rest)
+                else:
+                    del self._open[partition]
+
     def _retry(self, partition: int, item: _Item) -> None:
         """Slow path: resend one record with backoff until acknowledged."""
         kwargs = {"topic": self._cfg.results_topic, "partition": partition, "key": item.key, "value": item.value}
 
         async def resend() -> None:
+            if not self.fence.allows(item.epoch):
+                item.done.cancel()
+                return
             try:
                 md = await send_until_acked(self._producer, self._metrics, self.write_health, "results", **kwargs)
             except MessageSizeTooLargeError as exc:

@@ -16,6 +16,7 @@ from aiokafka.errors import KafkaError
 from sidecar.contract import ConversationHooks
 from sidecar.retry import Backoff
 from sidecar.source.config import KafkaConfig
+from sidecar.source.fence import Fence
 from sidecar.source.journal import CommitPoint, DeadLetterWriter, Recovery
 from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.processor import PartitionProcessor
@@ -78,6 +79,7 @@ class PartitionServices:
     dead_letters: DeadLetterWriter
     count_journal_skip: Callable[[str], None]
     set_paused: Callable[[PartitionWorker, bool], None]
+    fence: Fence
 
 
 def batch_bytes(records: Sequence[ConsumerRecord[bytes, bytes]]) -> int:
@@ -95,6 +97,8 @@ class PartitionWorker:
     def __init__(self, tp: TopicPartition, services: PartitionServices) -> None:
         self.tp = tp
         self._services = services
+        # The assignment this worker belongs to: its processor acts only while it is current.
+        self.epoch = services.fence.epoch
         self.queue: asyncio.Queue[Batch] = asyncio.Queue(maxsize=services.cfg.partition_queue_batches)
         self.overflow: deque[Batch] = deque()
         self.queued_bytes = 0
@@ -174,6 +178,8 @@ class PartitionWorker:
                 max_pending=src.cfg.max_pending_effects_per_partition,
                 budget=src.budget,
                 stage=src.stage,
+                fence=src.fence,
+                epoch=self.epoch,
             )
             self.uncommitted_since = time.monotonic()  # the time spent recovering is not a stalled commit
             sweep = src.state_cfg.sweep_interval_seconds

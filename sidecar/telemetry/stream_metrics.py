@@ -157,6 +157,15 @@ class StreamMetrics:
             "an effect may then be recorded twice.",
             registry=registry,
         )
+        self.members_fenced = Counter(
+            "sidecar_member_fenced_total",
+            "Times this member stopped writing for its partitions because it may have lost them, by "
+            "reason (loop_stalled, generation_lost, commit_refused); the next owner redoes what was pending.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("loop_stalled", "generation_lost", "commit_refused"):
+            self.members_fenced.labels(reason)
         self.commits = Counter(
             "sidecar_commits_total",
             "Offset commit requests, by result (ok, failed).",
