@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import httpx
 
 from sidecar.errors import ConfigError, PermanentError, RetryableError, SidecarError
+from sidecar.scoring.completion import with_threshold
 from sidecar.scoring.config import ScoringConfig
 from sidecar.scoring.prompts import PromptTooLong
 from sidecar.scoring.schedule import until_available
@@ -64,14 +65,15 @@ def eval_scoring_config(base: ScoringConfig) -> ScoringConfig:
     """``base`` with every live-only scheduling knob off and trees in the paper format.
 
     The knobs do not act on :class:`~sidecar.scoring.scorers.Scorers`; they are off so that the
-    config recorded with a run says what was done."""
+    config recorded with a run says what was done. ``tree.enabled`` is kept: ``false`` is a
+    completion-only evaluation, as it is a completion-only sidecar."""
     data = base.model_dump()
     agents = [data["default_agent"], *data["agents"].values()]
     for agent in agents:
         agent.update(completion_sample_rate=1.0, tree_sample_rate=1.0, max_tokens_per_minute=0)
     data["enabled"] = True
     data["completion"]["enabled"] = True
-    data["tree"].update(enabled=True, skip_superseded=False, max_staleness_seconds=0.0, use_chat_template=False)
+    data["tree"].update(skip_superseded=False, max_staleness_seconds=0.0, use_chat_template=False)
     return ScoringConfig.model_validate(data)
 
 
@@ -93,7 +95,9 @@ def settings_fingerprint(
         "max_leaves": tree.max_leaves,
         "max_prompt_tokens": config.max_prompt_tokens,
         "prompt_truncation": config.prompt_truncation,
-        "tree_turns": tree_turns,
+        "tree_turns": tree_turns if tree.enabled else "off",
+        "completion_rule": agent.completion_rule if agent.adapter else "greedy",
+        "p_end_threshold": agent.p_end_threshold if agent.adapter and agent.completion_rule == "threshold" else None,
         "truncation_seed": seed,
         "judge_model": judge_model,
     }
@@ -159,6 +163,9 @@ class ConversationScorer:
         self.scorers = scorers
         self.judge = judge
         self.adapter = scorers.config.default_agent.adapter
+        # The default agent's route decides as the live hooks do: its threshold rule, when it has one.
+        self.threshold = scorers.trust.route(None).p_end_threshold
+        self.trees = scorers.config.tree.enabled
         self.tree_model = scorers.tree_model(None)
         self.tree_turns: TreeTurns = tree_turns
         self.seed = seed
@@ -177,11 +184,16 @@ class ConversationScorer:
         try:
             if self.adapter is not None:
                 score = await self.scorers.score_adapter(messages, self.adapter)
+                rule: dict[str, Any] = {"rule": "greedy"}
+                if self.threshold is not None and score.variant == "adapter":
+                    score = with_threshold(score, self.threshold)
+                    rule = {"rule": "threshold", "threshold": self.threshold, "greedy_complete": score.greedy_complete}
                 return {
                     "p_end": score.p_end,
                     "complete": score.complete,
                     "method": score.p_end_method,
                     "variant": score.variant,
+                    **rule,
                 }
             request = await self.scorers.completion_request(messages, None)
             score = await self._until_available(request.score)
@@ -242,7 +254,9 @@ class ConversationScorer:
     async def trees_and_judge(self, conv: EvalConversation) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Phase 2 (the base model): the trees, and the judge's verdicts when there is a judge."""
         k = truncation_turn(conv.conversation_id, conv.turns, self.seed)
-        tree_turns = range(1, conv.turns + 1) if self.tree_turns == "all" else (conv.turns,)
+        tree_turns: Sequence[int] = range(1, conv.turns + 1) if self.tree_turns == "all" else (conv.turns,)
+        if not self.trees:
+            tree_turns = range(0)  # scoring.tree.enabled: false, a completion-only evaluation
         copies = [conv.messages] + ([prefix_through_turn(conv.messages, k)] if k is not None else [])
         judged = len(copies) if self.judge is not None else 0
         jobs = [self.judged(m) for m in copies[:judged]] + [self.tree(conv, t) for t in tree_turns]
