@@ -38,6 +38,7 @@ from sidecar.otel.config import OtelConfig
 from sidecar.otel.dialects import Attributes, Limits, is_llm_span, read_history, string_attr
 from sidecar.otel.ends import END_DIGEST, EndSignals
 from sidecar.otel.errors import OtelRefused
+from sidecar.otel.feedback import FeedbackEvent, read_feedback
 from sidecar.otel.history import HistoryTracker
 from sidecar.otel.messages import OtelMessage
 from sidecar.otel.metrics import OtelMetrics
@@ -83,12 +84,24 @@ class EndSpan:
     span: SpanRef | None
 
 
+@dataclass(frozen=True, slots=True)
+class FeedbackSpan:
+    """A ``sidecar.feedback`` span event with its conversation (:mod:`sidecar.otel.feedback`)."""
+
+    conversation_id: str
+    agent: str | None
+    event: FeedbackEvent
+    span: SpanRef | None
+
+
 @dataclass(slots=True)
 class Found:
-    """What a door's input holds: chat spans (oldest first), end signals, and the count of the rest."""
+    """What a door's input holds: chat spans (oldest first), end signals, people's feedback, and the
+    count of the rest."""
 
     chats: list[ChatSpan] = field(default_factory=list)
     ends: list[EndSpan] = field(default_factory=list)
+    feedback: list[FeedbackSpan] = field(default_factory=list)
     ignored: int = 0
 
 
@@ -101,6 +114,7 @@ class Derived:
     refused: Counter[str] = field(default_factory=Counter)
     chat_spans: int = 0
     end_spans: int = 0
+    feedback_events: int = 0
     ends: Counter[str] = field(default_factory=Counter)  # sidecar_otel_conversation_ends_total outcomes
 
     @property
@@ -210,6 +224,8 @@ class OtelIngest:
                     candidates.append((span, span_attrs))
         for span, attrs in candidates:
             trace = traces[span.trace_id]
+            feedback = self._feedback(span, attrs, trace, refused) if span.events else []
+            found.feedback.extend(feedback)
             try:
                 chat = self._chat_span(span, attrs, trace)
                 end = self._end_span(span, attrs, trace) if self._ends.matches(span, attrs) else None
@@ -220,7 +236,7 @@ class OtelIngest:
                 found.chats.append(chat)
             if end is not None:
                 found.ends.append(end)
-            if chat is None and end is None:
+            if chat is None and end is None and not feedback:
                 found.ignored += 1
         found.chats.sort(key=lambda c: (c.start_ns, c.end_ns))
         return found
@@ -253,6 +269,21 @@ class OtelIngest:
             span_ref(span),
         )
 
+    def _feedback(self, span: Span, attrs: Attributes, trace: _Trace, refused: Counter[str]) -> list[FeedbackSpan]:
+        out = []
+        for event in read_feedback(span):
+            try:
+                if event.conversation_id is not None:
+                    cid, agent = check_conversation_id(event.conversation_id), agent_label(event.agent)
+                else:
+                    cid, agent = self._ids(span, attrs, trace)
+                    agent = agent_label(event.agent) or agent
+            except OtelRefused as exc:
+                refused[exc.reason] += 1
+                continue
+            out.append(FeedbackSpan(cid, agent, event, span_ref(span)))
+        return out
+
     def _end_span(self, span: Span, attrs: Attributes, trace: _Trace) -> EndSpan:
         conversation, agent = self._ids(span, attrs, trace)
         return EndSpan(conversation, agent, span.end_time_unix_nano or span.start_time_unix_nano, span_ref(span))
@@ -263,6 +294,8 @@ class OtelIngest:
             m.spans.labels(door, "normalised").inc(out.chat_spans)
         if out.end_spans:
             m.spans.labels(door, "end_signal").inc(out.end_spans)
+        if out.feedback_events:
+            m.spans.labels(door, "feedback").inc(out.feedback_events)
         if ignored:
             m.spans.labels(door, "ignored").inc(ignored)
         for reason, n in out.refused.items():
@@ -294,6 +327,13 @@ class OtelIngest:
             if record is not None:
                 out.records.append(record)
                 out.conversations.add(end.conversation_id)
+        for fb in found.feedback:  # takes no seq: the history tracker is not involved
+            try:
+                out.records.append(self._feedback_event(fb))
+            except OtelRefused as exc:
+                out.refused[exc.reason] += 1
+                continue
+            out.feedback_events += 1
         self._count(door, out, found.ignored)
         self._metrics.conversations.set(len(self.tracker))
         self._metrics.state_bytes.set(self.tracker.state_bytes)
@@ -339,6 +379,28 @@ class OtelIngest:
         except OtelRefused:  # cannot happen for a checked conversation id; kept as a guard
             out.ends["refused"] += 1
             return None
+
+    def _feedback_event(self, fb: FeedbackSpan) -> tuple[bytes, bytes]:
+        event: dict[str, object] = {
+            "v": 1,
+            "conversation_id": fb.conversation_id,
+            "event_id": fb.event.event_id,
+            "ts": round(fb.event.time_ns / 1e9, 6),
+            "type": "feedback",
+            "feedback": fb.event.body,
+        }
+        if fb.agent is not None:
+            event["agent"] = fb.agent
+        if fb.span is not None:
+            event["trace_id"] = fb.span.trace_id
+            event["span_id"] = fb.span.span_id
+        key = fb.conversation_id.encode("utf-8")
+        value = _ENCODER.encode(event)
+        try:
+            decode_event(value, key, max_bytes=self._max_event_bytes)
+        except DecodeError as exc:
+            raise OtelRefused("contract_violation", f"feedback: {exc.reason}: {exc.detail}") from None
+        return key, value
 
     @staticmethod
     def _event(

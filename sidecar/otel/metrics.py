@@ -12,7 +12,8 @@ class OtelMetrics:
         self.spans = Counter(
             "sidecar_otel_spans_total",
             "Spans read, by door and outcome (normalised: a chat span with its messages; end_signal: a span "
-            "that ends its conversation; ignored: neither; refused: see sidecar_otel_refused_total).",
+            "that ends its conversation; feedback: a sidecar.feedback span event, counted per event; ignored: "
+            "none of these; refused: see sidecar_otel_refused_total).",
             ["door", "outcome"],
             registry=registry,
         )
