@@ -8,7 +8,9 @@ with confidence; nothing in its output says so. So each agent's route is assesse
   adapter's manifest, ``adapter_manifest``) is at least ``scoring.completion.min_validation_f1``;
 - ``untrusted_adapter``: its recorded validation is below that floor;
 - ``unvalidated_adapter``: no validation is recorded for it (e.g. the bundled adapter serving an
-  agent it was never shown to fit);
+  agent it was never shown to fit). ``/readyz`` lists it as not validated on this traffic, apart
+  from the untrusted, with the manifest's ``note`` when it has one: the bundled adapter's says it
+  is a demo adapter bundled for illustration;
 - ``instruct``: no adapter; the paper's instruct prompt on the base model.
 
 Scoring goes on in every case; the assessment is what each outcome's ``completion_source`` says,
@@ -35,6 +37,7 @@ log = structlog.get_logger()
 CompletionSource = Literal["adapter", "untrusted_adapter", "unvalidated_adapter", "instruct"]
 DEFAULT_AGENT = "default"
 MAX_MANIFEST_BYTES = 1_048_576
+MAX_NOTE_CHARS = 200
 MAX_VERSION_CHARS = 128
 _DETAIL_AGENTS = 20
 
@@ -110,6 +113,24 @@ def manifest_f1(path: Path) -> tuple[float | None, str]:
     return None, "no validation in the manifest"
 
 
+def manifest_note(path: Path) -> str | None:
+    """The ``note`` an adapter's manifest gives in words (what it is for, e.g. a demo adapter), or None.
+
+    Cut to :data:`MAX_NOTE_CHARS` printable characters: it is shown as is on ``/readyz``."""
+    try:
+        if path.is_dir():
+            path = path / "manifest.json"
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            return None
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    note = doc.get("note") if isinstance(doc, dict) else None
+    if not isinstance(note, str):
+        return None
+    return "".join(c for c in note[:MAX_NOTE_CHARS] if c.isprintable()).strip() or None
+
+
 def assess(agent: AgentConfig, floor: float) -> AgentRoute:
     """The route of one agent's settings (reads the adapter's manifest when it must)."""
     if agent.adapter is None:
@@ -121,6 +142,9 @@ def assess(agent: AgentConfig, floor: float) -> AgentRoute:
     version = manifest_version(agent.adapter_manifest)
     if f1 is None:
         reason = "no validation recorded" if where == "config" else where
+        note = manifest_note(agent.adapter_manifest) if agent.adapter_manifest is not None else None
+        if note is not None:
+            reason = f"{note}; {reason}"
         return AgentRoute(agent.adapter, "unvalidated_adapter", agent.completion_rule, threshold, None, reason, version)
     if f1 < floor:
         return AgentRoute(
@@ -185,12 +209,21 @@ class AdapterTrust:
 
     def health(self) -> Health:
         entries = [(name, r) for name, r in self._routes.items()] + [("(other agents)", self._default)]
-        untrusted = [f"{n}: {r.source} ({r.reason})" for n, r in entries if not r.trusted]
+        # An adapter never validated is not known to be wrong, only unproven here: worded apart
+        # from one whose validation fell short and from the instruct fallback.
+        unvalidated = [f"{n}: {r.source} ({r.reason})" for n, r in entries if r.source == "unvalidated_adapter"]
+        untrusted = [
+            f"{n}: {r.source} ({r.reason})" for n, r in entries if not r.trusted and r.source != "unvalidated_adapter"
+        ]
         trusted = [n for n, r in entries if r.trusted]
         parts = []
-        if untrusted:
-            more = f" and {len(untrusted) - _DETAIL_AGENTS} more" if len(untrusted) > _DETAIL_AGENTS else ""
-            parts.append("no trustworthy adapter for " + "; ".join(untrusted[:_DETAIL_AGENTS]) + more)
+        for heading, listed in (
+            ("no trustworthy adapter for ", untrusted),
+            ("not validated on this traffic: ", unvalidated),
+        ):
+            if listed:
+                more = f" and {len(listed) - _DETAIL_AGENTS} more" if len(listed) > _DETAIL_AGENTS else ""
+                parts.append(heading + "; ".join(listed[:_DETAIL_AGENTS]) + more)
         if trusted:
             parts.append(f"trusted: {', '.join(trusted[:_DETAIL_AGENTS])}")
         # Never gates: an agent without a validated adapter is shown, not a reason to stop consuming.

@@ -69,6 +69,33 @@ def test_a_bad_manifest_never_makes_an_adapter_trusted(tmp_path: Path, content: 
     assert manifest_f1(tmp_path / "missing.json")[0] is None
 
 
+def test_the_bundled_demo_adapter_is_worded_as_what_it_is_on_readyz() -> None:
+    """The committed adapter's manifest says it is a demo adapter; readiness words it so, not as untrustworthy."""
+    bundled = Path(__file__).resolve().parents[2] / "adapters" / "artifacts" / "completion" / "manifest.json"
+    cfg = ScoringConfig(default_agent=AgentConfig(adapter="completion", adapter_manifest=bundled))
+    detail = AdapterTrust(cfg, lambda *_: None).health().detail
+    assert detail.startswith("not validated on this traffic: (other agents): unvalidated_adapter (demo adapter bundled")
+    assert "no trustworthy adapter" not in detail
+
+
+@pytest.mark.parametrize(
+    ("note", "shown"),
+    [
+        ("for the booking agent", "for the booking agent"),
+        ("\x1b[31mred\u202e" + "x" * 500, "[31mred" + "x" * 191),  # cut to 200, control characters dropped
+        (42, None),
+        ("  ", None),
+    ],
+)
+def test_a_manifest_note_words_an_unvalidated_adapter(tmp_path: Path, note: object, shown: str | None) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"kind": "exported-lora-adapter", "note": note}))
+    route = assess(AgentConfig(adapter="a", adapter_manifest=path), 0.8)
+    assert route.source == "unvalidated_adapter"
+    expected = "no validation in the manifest" if shown is None else f"{shown}; no validation in the manifest"
+    assert route.reason == expected
+
+
 def test_threshold_rule_needs_an_adapter_and_a_threshold() -> None:
     with pytest.raises(ValidationError, match="threshold"):
         AgentConfig(adapter="a", completion_rule="threshold")

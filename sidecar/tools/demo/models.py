@@ -156,7 +156,9 @@ def demo_scoring_config(
         "enabled": True,
         "vllm": {"base_url": base_url, "base_model": served_name},
         "tokenizer": {"model_dir": str(model_dir)},
-        "default_agent": {"adapter": ADAPTER_NAME},
+        # Its manifest says what it is (a demo adapter bundled for illustration), and /readyz says so.
+        "default_agent": {"adapter": ADAPTER_NAME}
+        | ({} if adapter_dir is None else {"adapter_manifest": str(adapter_dir / "manifest.json")}),
         # The bundled adapter is trained on the last 256 token ids of a conversation, each message
         # capped as its manifest records: serve exactly that window.
         "max_prompt_tokens": TRAINED_CONTEXT_TOKENS,
