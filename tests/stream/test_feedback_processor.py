@@ -4,9 +4,13 @@ journaled so that a restart applies it never twice."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from sidecar.alerting.alert import alert_id
@@ -21,6 +25,7 @@ from sidecar.state.hooks import RecordingHooks
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.telemetry.stream_metrics import StreamMetrics
 from tests.stream.fakes import FakeJournal, Rec, event, record
+from tests.stream.test_processor import conversation_records
 
 GROUP = "sidecar-g"
 
@@ -219,3 +224,77 @@ async def test_without_a_feedback_sink_alert_feedback_is_unknown() -> None:
     await run(p, [record(0, event("c", 0, "user")), feedback(1, "c", "f", alert), feedback(2, "c", "g", turn)])
     assert j.dead == [(1, "unknown_alert")]
     assert len(fed(j)) == 1
+
+
+def with_feedback(recs: list[Rec], seed: int) -> tuple[list[Rec], set[str]]:
+    """``recs`` with feedback interleaved: on a turn right after a user message, on whole
+    conversations after their end, and re-sent copies of some; the ids that must be journaled."""
+    rng = random.Random(seed)
+    out: list[Rec] = []
+    expected: set[str] = set()
+    sent: list[tuple[str, dict[str, Any]]] = []
+    for r in recs:
+        out.append(r)
+        ev = json.loads(r.value or b"{}")
+        cid = ev["conversation_id"]
+        if ev["type"] == "message" and ev["message"]["role"] == "user" and rng.random() < 0.3:
+            sent.append((f"{cid}-t{ev['seq']}", {"target": "turn", "rating": "down", "turn": 1}))
+        elif ev["type"] == "conversation_end" and rng.random() < 0.5:
+            sent.append((f"{cid}-end", {"target": "conversation", "rating": "up"}))
+        else:
+            continue
+        eid, body = sent[-1]
+        out.append(feedback(len(out), cid, eid, body))
+        expected.add(eid)
+        if rng.random() < 0.3:  # a producer's retry: the same feedback again, later
+            eid, body = rng.choice(sent)
+            out.append(feedback(len(out), eid.rsplit("-", 1)[0], eid, body))
+    return [Rec(r.topic, 0, i, r.key, r.value) for i, r in enumerate(out)], expected
+
+
+def scan_finished(recs: list[Rec], commit: CommitPoint | None) -> tuple[list[tuple[str, int]], list[str]]:
+    """What recovery's scan of the source from F to L finds (the fake journal has no source topic)."""
+    if commit is None or commit.finished_from is None:
+        return [], []
+    finished: list[tuple[str, int]] = []
+    ids: list[str] = []
+    for r in recs[commit.finished_from : commit.offset]:
+        ev = json.loads(r.value or b"{}")
+        if ev["type"] == "message" and ev["seq"] == 0:
+            finished.append((ev["conversation_id"], r.offset))
+        elif ev["type"] == "feedback" and ev["conversation_id"] in {c for c, _ in finished}:
+            ids.append(ev["event_id"])
+    return finished, ids
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), crash_points=st.lists(st.integers(0, 160), max_size=6))
+async def test_crash_anywhere_applies_each_feedback_exactly_once(seed: int, crash_points: list[int]) -> None:
+    base, _ = conversation_records(12, seed)
+    recs, expected = with_feedback(base, seed)
+    j = FakeJournal()
+    commit: CommitPoint | None = None
+
+    def restart() -> PartitionProcessor:
+        plan = j.recovery(commit)
+        plan.finished, plan.feedback_ids = scan_finished(recs, commit)
+        return make(j, plan, CountingFeedback(CollectorRegistry()))
+
+    p = restart()
+    i = 0
+    crashes = sorted(set(crash_points))
+    while i < len(recs):
+        if crashes and i >= crashes[0]:
+            crashes.pop(0)
+            await p.abandon()  # whatever was in flight is lost
+            p = restart()
+            i = commit.offset if commit else 0
+            continue
+        await p.process(recs[i], 0.0)
+        if i % 3 == 0:
+            await asyncio.sleep(0)
+            commit = p.commit_point() or commit
+        i += 1
+    assert await p.drain(5)
+    journaled = [r["outcome"]["event_id"] for r in fed(j)]
+    assert sorted(journaled) == sorted(expected)  # every feedback once, none twice, copies never
