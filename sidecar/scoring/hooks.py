@@ -126,7 +126,7 @@ class ScoringHooks:
     def follow(self, routes: LiveRoutes) -> None:
         """Score with ``routes`` (live rows over ``scoring.agents``) from now on."""
         self.routes = routes
-        routes.listen(self._route_changed)
+        routes.listen(self._route_changed, self._route_revalidated)
 
     def settings(self, agent: str | None) -> AgentConfig:
         """The agent's settings: its live route over the configured ones."""
@@ -138,6 +138,11 @@ class ScoringHooks:
         self.trust.publish(label, self.trust.route(agent))  # every replica shows it, scoring the agent or not
         if self.drift is not None:
             self.drift.reset(label)
+
+    def _route_revalidated(self, agent: str, settings: AgentConfig) -> None:
+        """The same route with a fresh validation F1: trust follows it, the drift window goes on."""
+        self.trust.reassess(agent, settings, self.config.agent(agent))
+        self.trust.publish(self._agent_label(agent), self.trust.route(agent))
 
     # -- lifecycle --------------------------------------------------------------------------------
 

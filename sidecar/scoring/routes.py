@@ -14,7 +14,7 @@ Rows are fenced (:func:`~sidecar.fleet.table.fenced`): the writer's generation, 
 must grow, so a job that read an old state and writes late cannot undo a newer decision.
 
 Each row also carries the last decision taken for the agent (``promoted``, ``refused``,
-``rolled_back``) and up to :data:`MAX_HISTORY` earlier routes, which is what a rollback restores.
+``rolled_back``, ``released``) and up to :data:`MAX_HISTORY` earlier routes, which is what a rollback restores.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ MAX_AGENTS: Final = 10_000
 _NAME = r"^[A-Za-z0-9_.:-]{1,64}$"
 _frozen = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-Decision = Literal["promoted", "refused", "rolled_back"]
+# ``released``: an operator lifted a rollback's hold (``adapters release``); the route stays.
+Decision = Literal["promoted", "refused", "rolled_back", "released"]
 
 
 class Route(BaseModel):
@@ -80,6 +81,12 @@ class Route(BaseModel):
                 "adapter_manifest": None,
             }
         )
+
+    def scores_like(self, other: Route) -> bool:
+        """Whether both routes score the same way: adapter, rule, threshold and drift baseline (the
+        recorded validation, directory and start time aside)."""
+        keys = ("adapter", "completion_rule", "p_end_threshold", "baseline")
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
 
     @classmethod
     def of(cls, agent: AgentConfig) -> Route:
@@ -157,8 +164,8 @@ class RouteMetrics:
         )
         self.changes = Counter(
             "sidecar_adapter_route_changes_total",
-            "Routing rows applied, by the decision they carry (promoted, refused, rolled_back). A restart reads "
-            "each agent's latest row again.",
+            "Routing rows applied, by the decision they carry (promoted, refused, rolled_back, released). A restart "
+            "reads each agent's latest row again.",
             ["agent", "decision"],
             registry=registry,
         )
@@ -173,8 +180,11 @@ class RouteMetrics:
 class LiveRoutes:
     """The routing rows this replica applies over ``scoring.agents``.
 
-    ``agent(name)`` is what every scoring decision reads; ``on_change(name, settings)`` is told of
-    every route that takes effect (``settings`` None: back to the configured route)."""
+    ``agent(name)`` is what every scoring decision reads. Listeners are told of every route that
+    takes effect (``settings`` None: back to the configured route); a row that keeps the route but
+    records a fresh validation F1 for it (a refusal re-scores the serving adapter) only updates the
+    agent's ``validation_f1``, and tells the ``on_revalidated`` listeners (trust follows the figure;
+    the drift window goes on, against the same baseline)."""
 
     def __init__(
         self,
@@ -187,6 +197,7 @@ class LiveRoutes:
         self._overrides: dict[str, AgentConfig] = {}
         self._rows: dict[str, RouteRow] = {}
         self._listeners: list[Callable[[str, AgentConfig | None], None]] = []
+        self._revalidated: list[Callable[[str, AgentConfig], None]] = []
         self.metrics = RouteMetrics(registry)
 
     def agent(self, name: str | None) -> AgentConfig:
@@ -197,8 +208,14 @@ class LiveRoutes:
     def row(self, name: str) -> RouteRow | None:
         return self._rows.get(name)
 
-    def listen(self, callback: Callable[[str, AgentConfig | None], None]) -> None:
+    def listen(
+        self,
+        callback: Callable[[str, AgentConfig | None], None],
+        on_revalidated: Callable[[str, AgentConfig], None] | None = None,
+    ) -> None:
         self._listeners.append(callback)
+        if on_revalidated is not None:
+            self._revalidated.append(on_revalidated)
 
     def apply(self, change: Change[RouteRow]) -> None:
         """A table change: the row's route replaces the agent's (a tombstone restores the configured one)."""
@@ -219,8 +236,25 @@ class LiveRoutes:
         self.metrics.version.labels(label).set(row.version)
         self.metrics.changes.labels(label, row.decision.kind).inc()
         self.metrics.decided.labels(label, row.decision.kind).set(row.decision.at)
-        if previous is not None and previous.route == row.route:
-            log.info("score.route_unchanged", agent=name, decision=row.decision.kind, reason=row.decision.reason)
+        # What scores the agent now: the row it holds, else its configured route (a first row that
+        # is a refusal keeps the configured route, so it changes nothing either).
+        before = previous.route if previous is not None else Route.of(self._configured(name))
+        if before.scores_like(row.route):
+            current = self.agent(name)
+            f1 = row.route.validation_f1
+            log.info(
+                "score.route_unchanged",
+                agent=name,
+                decision=row.decision.kind,
+                reason=row.decision.reason,
+                version=row.version,
+                validation_f1=f1,
+            )
+            if f1 is not None and f1 != current.validation_f1:
+                settings = current.model_copy(update={"validation_f1": f1})
+                self._overrides[name] = settings
+                for revalidated in self._revalidated:
+                    revalidated(name, settings)
             return
         settings = row.route.over(self._configured(name))
         self._overrides[name] = settings

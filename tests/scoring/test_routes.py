@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
 from sidecar.contract import CompletionScored, HookResult, Outcome, TurnContext, events_of
 from sidecar.fleet.table import Change, InvalidRow
@@ -395,6 +396,37 @@ def test_a_refusal_with_the_same_route_changes_nothing_but_is_counted() -> None:
     assert _metric(registry, decided, agent="shop", decision="promoted") == 100.0
 
 
+def test_a_first_row_that_is_a_refusal_keeps_the_configured_route_and_logs_it_unchanged() -> None:
+    routes, registry, told = _live()
+    refusal = _row(version=1, kind="refused", at=50.0, adapter="shop-1", validation_f1=0.7)
+    with capture_logs() as logs:
+        routes.apply(Change("shop", refusal))
+    assert [e["event"] for e in logs] == ["score.route_unchanged"]
+    assert logs[0]["decision"] == "refused" and logs[0]["validation_f1"] == 0.7
+    assert told.calls == [] and routes.agent("shop") is CONFIGURED.agents["shop"]
+    assert _metric(registry, "sidecar_adapter_route_changes_total", agent="shop", decision="refused") == 1
+
+
+def test_a_refusal_with_a_fresh_validation_updates_only_the_figure() -> None:
+    """A refusal re-scores the serving adapter: the row keeps the route and records the new F1,
+    which replaces the agent's validation (nothing else) and is told as a revalidation."""
+    registry = CollectorRegistry()
+    routes = LiveRoutes(CONFIGURED.agent, registry, AgentLabels(CONFIGURED.agents))
+    told, revalidated = Told(), Told()
+    routes.listen(told, revalidated)
+    with capture_logs() as logs:
+        routes.apply(Change("shop", _row(version=1, kind="refused", adapter="shop-1", validation_f1=0.97)))
+    live = routes.agent("shop")
+    assert live == CONFIGURED.agents["shop"].model_copy(update={"validation_f1": 0.97})
+    assert told.calls == [] and revalidated.calls == [("shop", live)]
+    assert [e["event"] for e in logs] == ["score.route_unchanged"]
+    # The same figure again, or none at all, changes nothing.
+    routes.apply(Change("shop", _row(version=2, kind="refused", adapter="shop-1", validation_f1=0.97)))
+    routes.apply(Change("shop", _row(version=3, kind="released", adapter="shop-1")))
+    assert routes.agent("shop") is live and len(revalidated.calls) == 1 and told.calls == []
+    assert _metric(registry, "sidecar_adapter_route_changes_total", agent="shop", decision="released") == 1
+
+
 def test_a_rollback_that_changes_the_route_is_told() -> None:
     routes, registry, told = _live()
     first = Route(adapter="shop-1", validation_f1=0.7)
@@ -579,15 +611,12 @@ async def test_a_route_change_resets_the_agents_drift_window(tok_dir: Path) -> N
     assert window() == 3
     assert drift("p_end") is not None and drift("completion_rate") is not None
 
-    # The first row takes effect (even with the configured routing): a new window.
+    # A first row that keeps the configured routing changes nothing: the window goes on.
     routes.apply(
         Change(
             "booking", _row("booking", version=1, adapter="completion-booking", validation_f1=0.9, baseline=BASELINE)
         )
     )
-    assert window() == 0
-    for i in range(3):
-        await _run(hooks.on_conversation_ended(_ctx("conversation_ended", f"e{i}")))
     assert window() == 3
     # A refusal that keeps the route keeps the window.
     routes.apply(
@@ -613,6 +642,27 @@ async def test_a_route_change_resets_the_agents_drift_window(tok_dir: Path) -> N
         await _run(hooks.on_conversation_ended(_ctx("conversation_ended", f"f{i}")))
     assert window() == 2
     assert drift("p_end") is None and drift("completion_rate") is not None
+
+
+async def test_a_refusal_that_revalidates_the_serving_adapter_makes_it_trusted_and_keeps_drift(
+    tok_dir: Path,
+) -> None:
+    hooks, routes, _, registry = _hooks(
+        tok_dir,
+        agents={"booking": {"adapter": "completion-booking", "baseline": BASELINE}},
+        drift={"window_verdicts": 8, "min_verdicts": 2},
+    )
+    assert _trusted(registry) == 0  # no validation recorded
+    for i in range(3):
+        await _run(hooks.on_conversation_ended(_ctx("conversation_ended", f"r{i}")))
+    window = "sidecar_adapter_drift_window_verdicts"
+    assert registry.get_sample_value(window, {"agent": "booking"}) == 3
+    refusal = _row("booking", kind="refused", adapter="completion-booking", validation_f1=0.97, baseline=BASELINE)
+    routes.apply(Change("booking", refusal))
+    assert _trusted(registry) == 1  # trust follows the fresh figure at once
+    assert registry.get_sample_value(window, {"agent": "booking"}) == 3  # the same route: drift goes on
+    out = await _run(hooks.on_turn_closed(_ctx("turn_closed", "r9")))
+    assert (out["adapter"], out["completion_source"]) == ("completion-booking", "adapter")
 
 
 async def test_a_route_without_baseline_stops_tracking_and_a_later_one_resumes(tok_dir: Path) -> None:
