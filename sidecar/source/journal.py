@@ -165,6 +165,10 @@ class Recovery:
     finished: list[tuple[str, int]] = field(default_factory=list)
     # Feedback event ids on those conversations, found by the same scan (taken before the commit).
     feedback_ids: list[str] = field(default_factory=list)
+    # Conversations whose end the journal records at or after ``start_offset``, and that position:
+    # their earlier events re-read from the start offset are a previous owner's finished work
+    # (skipped and counted, not dead-lettered as ``seq_gap`` when their beginning lies below it).
+    ended_at: dict[str, int] = field(default_factory=dict)
     # What loading the plan cost and rested on (metrics and logs only): results records read, and
     # whether the committed offset carried the sidecar's metadata ("none": nothing committed).
     journal_records_read: int = 0
@@ -180,6 +184,8 @@ class Recovery:
             return
         if pos >= self.replay_until:
             self.keys.add(trigger_key(cid, turn, kind))
+        if kind == "conversation_ended" and pos >= self.start_offset:
+            self.ended_at[cid] = pos
         if entry.trigger == "timer" and kind != "user_message":
             self.transitions.append(Transition(pos, kind, cid, turn))
 

@@ -109,6 +109,7 @@ class PartitionProcessor:
         # every transition of every conversation opened at or after the committed offset.
         self._journal_from = recovery.journal_from
         self._keys = recovery.keys
+        self._ended_at = recovery.ended_at
         self._feedback_done = recovery.feedback_positions
         self._feedback_memory = FeedbackMemory(state_config.finished_memory)
         for event_id in recovery.feedback_ids:
@@ -158,8 +159,10 @@ class PartitionProcessor:
         (self._m.replayed if replay else self._m.consumed).inc()
         triggers: list[Trigger] = []
         feedback: FeedbackContext | None = None
+        cid: str | None = None
         try:
             event = decode_event(record.value, record.key, max_bytes=self._max_record_bytes)
+            cid = event.conversation_id
             if event.feedback is not None:
                 # Feedback takes no seq and changes no conversation: checked here, applied below.
                 feedback = self._accept_feedback(event, received_at_unix)
@@ -175,7 +178,7 @@ class PartitionProcessor:
                 opened = record.timestamp / 1000.0 if record.timestamp > 0 else self._wall()
                 triggers = self.state.apply(event, offset, self._clock(), jpos, opened)
         except (DecodeError, Rejected) as exc:
-            if not replay:
+            if not replay and not self._finished_at_handover(exc.reason, cid, offset):
                 self._dead_letter(record, exc.reason, exc.detail)
         wall = self._wall() if received_at_unix is None else received_at_unix
         for t in triggers:
@@ -183,10 +186,24 @@ class PartitionProcessor:
         if feedback is not None:
             await self._apply_feedback(feedback, offset, replay)
         self.next_offset = offset + 1
-        if (self._keys or self._feedback_done) and offset > self._last_journaled:
+        if (self._keys or self._feedback_done or self._ended_at) and offset > self._last_journaled:
             self._keys = set()  # nothing recorded before the restart can trigger again
             self._feedback_done = set()
+            self._ended_at = {}
         self._observe(received_at)
+
+    def _finished_at_handover(self, reason: str, cid: str | None, offset: int) -> bool:
+        """Whether a refused event is the tail of a conversation the journal shows finished at or
+        after this record: a previous owner processed it; re-read from a start offset past the
+        conversation's beginning, it looks like a gap. Skipped and counted, never dead-lettered."""
+        if reason != "seq_gap" or cid is None or cid in self.state.conversations:
+            return False
+        end = self._ended_at.get(cid)
+        if end is None or offset > end:
+            return False
+        self._metrics.events_skipped.labels("conversation_finished_at_handover").inc()
+        log.debug("event.skipped", partition=self.partition, offset=offset, reason="conversation_finished_at_handover")
+        return True
 
     def _accept_feedback(self, event: Event, received_at_unix: float | None) -> FeedbackContext:
         """Check a feedback event and take its id (pure, so a replay decides the same); raises

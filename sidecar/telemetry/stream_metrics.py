@@ -55,6 +55,14 @@ class StreamMetrics:
             ["reason"],
             registry=registry,
         )
+        self.events_skipped = Counter(
+            "sidecar_events_skipped_total",
+            "Records neither processed nor dead-lettered, by reason (conversation_finished_at_handover: an event "
+            "of a conversation the results journal shows finished, re-read by a partition's new owner; harmless).",
+            ["reason"],
+            registry=registry,
+        )
+        self.events_skipped.labels("conversation_finished_at_handover")
         self.conversations_active = Gauge(
             "sidecar_conversations_active",
             "Open conversations held in memory.",
