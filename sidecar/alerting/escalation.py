@@ -36,7 +36,7 @@ from sidecar.alerting.metrics import AlertMetrics
 from sidecar.alerting.policy import UncertaintyJudge
 from sidecar.alerting.sinks.base import AlertSink
 from sidecar.alerting.thresholds import FeedbackThresholds
-from sidecar.contract import CompletionScored, Effect, GoalAssigned, TreeScored, TurnContext
+from sidecar.contract import CompletionScored, Effect, GoalAssigned, Provenance, TreeScored, TurnContext
 from sidecar.errors import RetryableError
 from sidecar.lifecycle import Health
 from sidecar.retry import until_accepted
@@ -198,6 +198,7 @@ class Escalations:
             "rule": verdict.rule,
             "budget_hit": tree.budget_hit,
             "generated_tokens": tree.generated_tokens,
+            **_who_judged(tree.provenance, rule=False),  # rule and threshold above are the alert's own
         }
         text = {"best_branch": tree.best_branch} if self._cfg.include_text and tree.best_branch else {}
         summary = f"uncertain turn {ctx.turn}: {tree.leaves} leaves, best branch logprob {_fmt(tree.max_logprob)}"
@@ -209,6 +210,7 @@ class Escalations:
             "end_reason": ctx.end_reason,
             "turns": ctx.turn,
             "model": final.model,
+            **_who_judged(final.provenance, rule=True),
         }
         text = {"remaining_tasks": final.remaining_tasks} if self._cfg.include_text and final.remaining_tasks else {}
         summary = f"conversation ended incomplete after {ctx.turn} turns (P(end) {final.p_end:.2f})"
@@ -301,6 +303,23 @@ def _up(sink: AlertSink) -> Callable[[], float]:
             return 0.0
 
     return value
+
+
+def _who_judged(p: Provenance | None, *, rule: bool) -> dict[str, Detail]:
+    """The verdict's provenance as alert details: evaluator, its version, base model, adapter and its
+    version, and with ``rule`` the verdict's rule and threshold (absent when unknown)."""
+    if p is None:
+        return {}
+    out: dict[str, Detail] = {
+        "evaluator": p.evaluator,
+        "evaluator_version": p.evaluator_version,
+        "base_model": p.base_model,
+        "adapter": p.adapter,
+        "adapter_version": p.adapter_version,
+    }
+    if rule:
+        out.update(rule=p.rule, threshold=p.threshold)
+    return out
 
 
 def _stalled(ctx: TurnContext) -> bool:
