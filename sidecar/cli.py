@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is not None:
+        args.argv = list(argv)  # what reports record as their command line (default: sys.argv)
     try:
         return int(args.handler(args)) if hasattr(args, "handler") else _dispatch(args)
     except ConfigError as exc:

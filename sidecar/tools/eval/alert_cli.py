@@ -48,7 +48,13 @@ def add_alerts_parser(subparsers: Any) -> None:
     p.add_argument("--vllm-url", default=None, help="override scoring.vllm.base_url (ending in /v1)")
     p.add_argument("--model-dir", type=Path, default=None, help="override scoring.tokenizer.model_dir")
     p.add_argument("--adapter", default=None, help="served completion adapter ('none': the instruct prompt)")
-    p.add_argument("--bundled", action="store_true", help="start a local vLLM CPU server on the bundled model")
+    p.add_argument("--bundled", action="store_true", help="start a local vLLM CPU server on --model, as the demo does")
+    p.add_argument(
+        "--model",
+        choices=["bundled", "gemma3-270m"],
+        default="bundled",
+        help="with --bundled: the bundled model and adapter, or the Gemma 3 270M base (no adapter: instruct prompt)",
+    )
     p.add_argument("--sample", type=positive_int, default=None, help="N conversations drawn by a hash of id and --seed")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample, the truncation's k and the bootstrap")
     p.add_argument("--rounds", type=int, default=1000, help="bootstrap rounds (0: no intervals)")
@@ -132,10 +138,11 @@ def run_alerts_command(args: argparse.Namespace) -> int:
     if args.bundled:
         from sidecar.tools.demo import models
 
-        reason = models.scoring_unavailable_reason()
+        gemma = args.model == "gemma3-270m"
+        reason = models.gemma_unavailable_reason() if gemma else models.scoring_unavailable_reason()
         if reason is not None:
             raise ConfigError(f"--bundled: {reason}")
-        server = models.local_server(args.out / "vllm.log")
+        server = models.local_server(args.out / "vllm.log", model=args.model)
         print("starting the bundled model on a local vLLM CPU server (1-2 minutes)...", file=sys.stderr)
         server.start()
         bundled = models.scoring_overrides(server)
