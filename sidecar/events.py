@@ -8,6 +8,7 @@ module is its executable form and a test checks the two agree. Decoding never ra
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -25,6 +26,17 @@ MAX_SEQ = 1_000_000_000
 MAX_DETAIL_CHARS = 400
 
 MAX_FEEDBACK_REASON_CHARS = 1000
+MAX_TS_CHARS = 64
+MAX_TS_SECONDS = 253_402_300_800
+"""Unix seconds must stay below this: 10000-01-01T00:00:00Z, where RFC 3339's four-digit year ends
+(a millisecond timestamp taken for seconds lands far past it)."""
+# RFC 3339 section 5.6 ``date-time``: T and Z in either case, a fraction of any length, leap
+# second 60; ASCII digits only. The day is checked against its month after the match.
+_RFC3339 = re.compile(
+    r"([0-9]{4})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)"
+    r"(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
+_DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 NO_SEQ = -1
 """``Event.seq`` of feedback, which takes no place in the conversation's sequence."""
 
@@ -68,7 +80,8 @@ class _FeedbackIn(Struct, frozen=True, forbid_unknown_fields=True):
 class _EventIn(Struct, frozen=True):
     conversation_id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
     event_id: Annotated[str, Meta(min_length=1, max_length=MAX_EVENT_ID_CHARS)]
-    ts: Annotated[float, Meta(ge=0)] | Annotated[str, Meta(min_length=1, max_length=64)]
+    # Checked after parsing (:func:`_check_ts`), so every bad timestamp has one reason.
+    ts: float | str
     type: Literal["message", "conversation_end", "feedback"]
     # Required for messages and ends (checked after parsing): feedback takes no place in the sequence.
     seq: Annotated[int, Meta(ge=0, le=MAX_SEQ)] | None = None
@@ -156,7 +169,7 @@ _LOCATION = re.compile(r"\$(?:\.([a-z_]+)|\[\d{1,6}\])*")
 
 
 def _safe_quote(text: str) -> bool:
-    if text in _CONTRACT_NAMES or text in _JSON_TYPES:
+    if text in _CONTRACT_NAMES or all(part in _JSON_TYPES for part in text.split(" | ")):
         return True
     if not _LOCATION.fullmatch(text):
         return False
@@ -176,6 +189,8 @@ def _clean_detail(message: str) -> str:
 def _reason_for(message: str) -> str:
     if message.endswith("- at `$.v`"):
         return "unsupported_version"
+    if message.endswith("- at `$.ts`"):
+        return "invalid_timestamp"  # a boolean, null, array, object, or a number past a double
     if message.startswith("Expected `object`") and " - at `" not in message:
         return "not_an_object"
     return "schema"
@@ -196,8 +211,11 @@ def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> E
     ``type: "message"`` only and ``feedback`` with ``type: "feedback"`` only (:class:`Feedback`
     says which targets take which ratings and fields).
 
+    ``ts`` is an RFC 3339 date-time (at most 64 characters, a real calendar day) or non-negative
+    Unix seconds before year 10000; anything else is ``invalid_timestamp``.
+
     Reasons: ``empty``, ``oversized``, ``invalid_utf8``, ``invalid_json``, ``not_an_object``,
-    ``unsupported_version``, ``schema``, ``key_mismatch``.
+    ``unsupported_version``, ``schema``, ``invalid_timestamp``, ``key_mismatch``.
     """
     if not value:
         raise DecodeError("empty", "record has no value")
@@ -214,6 +232,7 @@ def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> E
         raise DecodeError(_reason_for(message), _clean_detail(message)) from None
     except (msgspec.DecodeError, RecursionError):
         raise DecodeError("invalid_json", "JSON syntax") from None
+    _check_ts(ev.ts)
     if ev.type != "feedback" and ev.seq is None:
         raise DecodeError("schema", "Object missing required field `seq`")
     if ev.type == "message" and ev.message is None:
@@ -235,6 +254,25 @@ def decode_event(value: bytes | None, key: bytes | None, *, max_bytes: int) -> E
         span=span,
         feedback=feedback,
     )
+
+
+def _check_ts(ts: float | str) -> None:
+    """Raise ``invalid_timestamp`` unless ``ts`` is what the contract documents. The detail never
+    quotes a string ``ts`` (it is the producer's text)."""
+    if isinstance(ts, str):
+        match = _RFC3339.fullmatch(ts) if len(ts) <= MAX_TS_CHARS else None
+        if match is None:
+            raise DecodeError("invalid_timestamp", f"ts: not an RFC 3339 date-time of at most {MAX_TS_CHARS} chars")
+        year, month, day = int(match[1]), int(match[2]), int(match[3])
+        leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+        if day > _DAYS_IN_MONTH[month - 1] + (month == 2 and leap):
+            raise DecodeError("invalid_timestamp", "ts: no such day in that month")
+        return
+    if not (math.isfinite(ts) and 0 <= ts < MAX_TS_SECONDS):
+        raise DecodeError(
+            "invalid_timestamp",
+            f"ts: Unix seconds must be in [0, {MAX_TS_SECONDS}) (year 10000; milliseconds given as seconds?)",
+        )
 
 
 def _feedback_of(ev: _EventIn) -> Feedback | None:

@@ -127,6 +127,123 @@ def test_hostile_bytes(raw: bytes | None, key: bytes | None, reason: str) -> Non
     assert info.value.reason == reason
 
 
+TS_VALID = [
+    "2026-01-01T00:00:00Z",
+    "2026-01-01t00:00:00z",  # RFC 3339 allows lower case
+    "2024-02-29T23:59:59.123456789+05:30",  # leap day, a long fraction, an offset
+    "2016-12-31T23:59:60Z",  # a leap second
+    "0000-01-01T00:00:00-00:00",
+    "9999-12-31T23:59:59.999Z",
+    0,
+    0.0,
+    1700000000,
+    1700000000.5,
+    253402300799.999,  # the last second of year 9999
+]
+
+TS_INVALID = [
+    "yesterday",
+    "",
+    "now",
+    "2026-01-01",  # a date without a time
+    "2026-01-01T00:00:00",  # no offset
+    "2026-01-01 00:00:00Z",  # a space for the T
+    "2026-02-29T00:00:00Z",  # not a leap year
+    "2026-02-30T00:00:00Z",
+    "2026-04-31T00:00:00Z",
+    "2026-13-01T00:00:00Z",
+    "2026-00-10T00:00:00Z",
+    "2026-01-01T24:00:00Z",
+    "2026-01-01T00:60:00Z",
+    "2026-01-01T00:00:61Z",
+    "2026-01-01T00:00:00+24:00",
+    "99999-01-01T00:00:00Z",  # year 99999
+    "+2026-01-01T00:00:00Z",
+    "-2026-01-01T00:00:00Z",
+    "2026-01-01T00:00:00.Z",
+    "2026-01-01T00:00:00Z" + "0" * 50,
+    "2026-01-01T00:00:00." + "1" * 60 + "Z",  # over 64 characters
+    "\u0662\u0660\u0662\u0666-01-01T00:00:00Z",  # Arabic-Indic digits: digits to Python, not to RFC 3339
+    "2026-01-01T00:00:00Z\u0000",
+    "\u202e2026-01-01T00:00:00Z",
+    -1,
+    -0.001,
+    1.7e12,  # milliseconds given as seconds
+    253402300800,  # year 10000
+    1e308,
+    True,
+    False,
+    None,
+    [1700000000],
+    {"seconds": 1700000000},
+]
+
+
+@pytest.mark.parametrize("ts", TS_VALID, ids=repr)
+def test_documented_timestamps_are_accepted(ts: Any) -> None:
+    VALIDATOR.validate(ev(ts=ts))
+    assert decode(ev(ts=ts)).conversation_id == "conv-1"
+
+
+@pytest.mark.parametrize("ts", TS_INVALID, ids=repr)
+def test_invalid_timestamps_are_refused_with_their_own_reason(ts: Any) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(ev(ts=ts))
+    assert info.value.reason == "invalid_timestamp"
+    assert "yesterday" not in info.value.detail and "\u202e" not in info.value.detail
+    if not (isinstance(ts, str) and _day_only_in_format(ts)):
+        assert not VALIDATOR.is_valid(ev(ts=ts))  # the published schema refuses it too
+
+
+def _day_only_in_format(ts: str) -> bool:
+    """Days a month lacks: only the schema's ``format: date-time`` refuses them, and the
+    validator here does not assert formats."""
+    return ts[5:10] in ("02-29", "02-30", "04-31")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"1e999",
+        b"-1e999",
+        b"1" + b"0" * 400,
+        b"NaN",
+        b"Infinity",
+        b"-Infinity",
+        b"0x10",
+    ],
+)
+def test_timestamps_json_cannot_hold_are_refused(raw: bytes) -> None:
+    value = json.dumps(ev(ts=0)).encode().replace(b'"ts": 0', b'"ts": ' + raw)
+    assert raw in value
+    with pytest.raises(DecodeError) as info:
+        decode_event(value, b"conv-1", max_bytes=LIMIT)
+    assert info.value.reason in ("invalid_timestamp", "invalid_json")
+
+
+def test_a_timestamp_with_a_trailing_newline_is_refused() -> None:
+    with pytest.raises(DecodeError, match="invalid_timestamp"):
+        decode(ev(ts="2026-01-01T00:00:00Z\n"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=80), st.floats(), st.integers(), st.booleans(), st.none()))
+def test_any_timestamp_is_accepted_or_refused_as_invalid_timestamp(ts: Any) -> None:
+    try:
+        raw = json.dumps(ev(ts=ts), allow_nan=False).encode()
+    except ValueError:
+        return  # NaN and infinities: not JSON (see the test above)
+    try:
+        decode_event(raw, b"conv-1", max_bytes=LIMIT)
+    except DecodeError as exc:
+        assert exc.reason == "invalid_timestamp", exc
+    else:
+        if isinstance(ts, str):
+            assert VALIDATOR.is_valid(ev(ts=ts))
+        else:
+            assert not isinstance(ts, bool) and ts is not None and 0 <= ts < 253402300800
+
+
 def test_detail_never_contains_message_text() -> None:
     secret = "my card is 4111 1111 1111 1111"
     with pytest.raises(DecodeError) as info:
