@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stdout carries the command's JSON result; logs go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     try:
-        if args.command in ("promote", "rollback", "routes", "maintain"):
+        if args.command in ("promote", "rollback", "release", "routes", "maintain"):
             from adapters.promotion.cli import run as run_promotion
 
             result = run_promotion(args)

@@ -1,4 +1,4 @@
-"""Arguments of ``adapters promote``, ``rollback``, ``routes`` and ``maintain``."""
+"""Arguments of ``adapters promote``, ``rollback``, ``release``, ``routes`` and ``maintain``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from adapters.onboarding.cli import _agent
 
 def _margin(value: str) -> float:
     x = float(value)
-    if not 0 <= x < 1:
-        raise argparse.ArgumentTypeError("must be within [0, 1)")
+    if not -1 < x < 1:
+        raise argparse.ArgumentTypeError("must be within (-1, 1)")
     return x
 
 
@@ -22,6 +22,12 @@ def _drift(value: str) -> float:
     if not 0 < x <= 1:
         raise argparse.ArgumentTypeError("must be within (0, 1]")
     return x
+
+
+MARGIN_HELP = (
+    "F1 the candidate must beat the serving adapter's by (default 0); negative: a candidate up to that much "
+    "worse is promoted, as long as it clears the floor and does not serve the agent already"
+)
 
 
 def add_parsers(sub: Any) -> None:
@@ -37,11 +43,14 @@ def add_parsers(sub: Any) -> None:
     pr.add_argument("--sidecar-config", type=Path, required=True, help=config_help)
     pr.add_argument("--vllm-url", action="append", default=[], help="load the promoted adapter here (repeatable)")
     pr.add_argument("--served-path", type=Path, default=None, help="the candidate's directory as vLLM sees it")
-    pr.add_argument("--margin", type=_margin, default=0.0, help="F1 the candidate must beat the serving one by")
+    pr.add_argument("--margin", type=_margin, default=0.0, help=MARGIN_HELP)
     rb = sub.add_parser("rollback", help="restore the agent's previous route on every replica")
     rb.add_argument("--agent", type=_agent, required=True)
     rb.add_argument("--sidecar-config", type=Path, required=True, help=config_help)
     rb.add_argument("--vllm-url", action="append", default=[], help="load the restored adapter here again first")
+    rl = sub.add_parser("release", help="lift a rollback's hold: `maintain` may replace the agent's route again")
+    rl.add_argument("--agent", type=_agent, required=True)
+    rl.add_argument("--sidecar-config", type=Path, required=True, help=config_help)
     ro = sub.add_parser("routes", help="every agent's live route and last decision")
     ro.add_argument("--sidecar-config", type=Path, required=True, help=config_help)
     ma = sub.add_parser("maintain", help="re-onboard untrusted or drifted agents and promote what validates better")
@@ -53,7 +62,7 @@ def add_parsers(sub: Any) -> None:
     ma.add_argument("--base", type=Path, default=None)
     ma.add_argument("--vllm-url", action="append", default=[])
     ma.add_argument("--max-drift", type=_drift, default=0.3, help="a drift signal above it re-onboards the agent")
-    ma.add_argument("--margin", type=_margin, default=0.0)
+    ma.add_argument("--margin", type=_margin, default=0.0, help=MARGIN_HELP)
     ma.add_argument("--onboard-flags", default="", help="more `adapters onboard` flags, one string")
     ma.add_argument("--dry-run", action="store_true", help="only say which agents are due")
 
@@ -86,6 +95,10 @@ def run(args: argparse.Namespace) -> object:
         from adapters.promotion.promote import rollback
 
         return rollback(args.agent, config, tuple(args.vllm_url))
+    if args.command == "release":
+        from adapters.promotion.promote import release
+
+        return release(args.agent, config)
     if args.command == "routes":
         from adapters.promotion.promote import routes
 

@@ -7,7 +7,13 @@
 2. For each, onboard a candidate on the agent's newest conversations (by default the fleet's
    training topic), continuing the serving adapter where its directory is known.
 3. Promote it only if it beats the serving adapter on the same held-back conversations
-   (:mod:`adapters.promotion.promote`); a refusal changes nothing but is recorded.
+   (:mod:`adapters.promotion.promote`); a refusal keeps the route, records the decision and the
+   serving adapter's fresh F1 (which the replicas' trust follows).
+
+A rollback holds (:func:`hold_rollbacks`): an agent whose last decision is ``rolled_back`` is
+not due for being untrusted; only drift measured since the rollback (every replica starts the
+agent's drift window over when the rollback's route takes effect) or ``adapters release`` makes it
+due again.
 """
 
 from __future__ import annotations
@@ -17,16 +23,19 @@ import re
 import shlex
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.errors import AdaptersError, DataError
+
+if TYPE_CHECKING:
+    from sidecar.scoring.routes import RouteRow
 
 log = structlog.get_logger()
 
@@ -60,6 +69,33 @@ def due_agents(expositions: Iterable[str], *, max_drift: float) -> list[Due]:
                 elif sample.name == "sidecar_adapter_drift" and sample.value > max_drift:
                     reasons[agent].add(f"drift:{sample.labels.get('signal', '?')}")
     return [Due(a, tuple(sorted(r))) for a, r in sorted(reasons.items())]
+
+
+def hold_rollbacks(due: list[Due], rows: Mapping[str, RouteRow]) -> tuple[list[Due], dict[str, str]]:
+    """The agents still due once rollbacks hold, and what holds each held one.
+
+    An agent whose row's last decision is ``rolled_back`` stays on its restored route: being
+    untrusted is no reason to replace it (the operator chose it). Drift is, because it was measured
+    since the rollback: each replica restarts the agent's drift window when the rollback's route
+    takes effect, so a drift signal it exports is evidence against the restored route."""
+    still: list[Due] = []
+    held: dict[str, str] = {}
+    for item in due:
+        row = rows.get(item.agent)
+        if row is None or row.decision.kind != "rolled_back":
+            still.append(item)
+            continue
+        drift = tuple(r for r in item.reasons if r.startswith("drift:"))
+        if drift:
+            still.append(Due(item.agent, drift))
+            continue
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row.decision.at))
+        held[item.agent] = (
+            f"rolled back to {row.route.adapter or 'the instruct prompt'} at {when} (version {row.version}); "
+            f"held, though {', '.join(item.reasons)}, until `adapters release --agent {item.agent}` or drift "
+            "above --max-drift since the rollback"
+        )
+    return still, held
 
 
 def scrape(url: str, *, timeout_seconds: float = 10.0) -> str:
@@ -96,9 +132,13 @@ def maintain(args: Any) -> dict[str, Any]:
     due = due_agents((scrape(u) for u in args.metrics_url), max_drift=args.max_drift)
     if args.agent:
         due = [d for d in due if d.agent in set(args.agent)]
+    rows = asyncio.run(read_rows(config)) if due else {}
+    due, held = hold_rollbacks(due, rows)
+    for agent, why in held.items():
+        log.info("adapters.maintain.held", agent=agent, reason=why)
     log.info("adapters.maintain.due", agents={d.agent: d.reasons for d in due})
     if args.dry_run or not due:
-        return {"due": {d.agent: list(d.reasons) for d in due}, "results": {}}
+        return {"due": {d.agent: list(d.reasons) for d in due}, "held": held, "results": {}}
     try:
         extra = shlex.split(args.onboard_flags)
     except ValueError as exc:
@@ -107,7 +147,6 @@ def maintain(args: Any) -> dict[str, Any]:
         build_parser().parse_args(["onboard", "--agent", "a", "--source", "-", "--out", str(args.work), *extra])
     except SystemExit:  # argparse said why on stderr
         raise DataError(f"--onboard-flags: `adapters onboard` refuses {args.onboard_flags!r}") from None
-    rows = asyncio.run(read_rows(config))
     results: dict[str, Any] = {}
     for item in due:
         out = args.work / item.agent / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -145,4 +184,4 @@ def maintain(args: Any) -> dict[str, Any]:
             "validation_f1": onboarded["validation_f1"],
             **decision,
         }
-    return {"due": {d.agent: list(d.reasons) for d in due}, "results": results}
+    return {"due": {d.agent: list(d.reasons) for d in due}, "held": held, "results": results}

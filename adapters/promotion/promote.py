@@ -8,11 +8,17 @@ sidecar's floor (``scoring.completion.min_validation_f1``) and beats the serving
 than ``margin``; then it is loaded into every vLLM server named, and only after that the new route
 is written to the routing topic, which every replica applies live (:mod:`sidecar.scoring.routes`).
 A refusal is written too (the route unchanged, the decision and its figures recorded), so every
-replica's metrics and logs show it. Either way the decision is kept in ``promotion.json`` of the
-onboarding directory and appended to the candidate manifest's ``promotions``.
+replica's metrics and logs show it; when the serving adapter was re-scored, its fresh F1 becomes the
+route's ``validation_f1``, so every replica's trust in it follows the figure (an adapter re-validated
+above the floor is no longer untrusted, and ``maintain`` stops re-onboarding the agent for that).
+Either way the decision is kept in ``promotion.json`` of the onboarding directory and appended to
+the candidate manifest's ``promotions``. An onboarding (or candidate) made for another agent than
+the one named is refused before anything is scored.
 
 A rollback writes the route before the current one (the row's history) back, loading its adapter
-again first where a vLLM server is named (a restarted server has lost runtime-loaded adapters).
+again first where a vLLM server is named (a restarted server has lost runtime-loaded adapters). It
+holds: ``adapters maintain`` leaves the agent alone until an operator releases it
+(:func:`release`, a ``released`` row) or drift measured since the rollback asks again.
 
 One job writes at a time (the chart's CronJob forbids concurrent runs); the row's version grows by
 one per decision, and replicas ignore a row whose version is not above the one they hold.
@@ -58,6 +64,7 @@ class PromoteSpec:
 class Scored:
     f1: float | None
     how: str
+    fresh: bool = False  # re-scored now on the held-back conversations (not a recorded figure)
 
 
 def _onboarding_manifest(out: Path) -> dict[str, Any]:
@@ -128,7 +135,22 @@ def _serving_score(
     return Scored(
         _complete_score(base, where, serving, examples=examples, window=window, desc="score serving"),
         f"re-scored {serving.adapter}",
+        fresh=True,
     )
+
+
+def _check_agent(spec: PromoteSpec, onboarding: dict[str, Any], candidate: Path) -> None:
+    """An onboarding (and its candidate) made for another agent is never promoted for this one."""
+    made_for = (onboarding.get("spec") or {}).get("agent")
+    if made_for != spec.agent:
+        said = "records no agent" if made_for is None else f"was made for agent {made_for!r}"
+        raise DataError(f"{spec.onboarding}: the onboarding {said}, not --agent {spec.agent!r}")
+    try:
+        trained_for = read_manifest(candidate).get("agent")
+    except (OSError, ValueError, TypeError):
+        return  # said below, when the candidate's route is read
+    if trained_for is not None and trained_for != spec.agent:
+        raise DataError(f"{candidate}: the candidate was trained for agent {trained_for!r}, not --agent {spec.agent!r}")
 
 
 def promote(spec: PromoteSpec) -> dict[str, Any]:
@@ -137,12 +159,13 @@ def promote(spec: PromoteSpec) -> dict[str, Any]:
 
     onboarding = _onboarding_manifest(spec.onboarding)
     fields = onboarding.get("spec", {})
-    base = spec.base or Path(fields.get("base", ""))
-    if not base.is_dir():
-        raise DataError(f"no base model at {base} (give --base)")
     candidate = spec.candidate or spec.onboarding / "adapter"
     if not (candidate / "manifest.json").is_file():
         raise DataError(f"no exported adapter at {candidate}")
+    _check_agent(spec, onboarding, candidate)
+    base = spec.base or Path(fields.get("base", ""))
+    if not base.is_dir():
+        raise DataError(f"no base model at {base} (give --base)")
     window = fields.get("recipe") or {}
     if "max_context_tokens" not in window:
         raise DataError(f"{spec.onboarding}: the onboarding manifest records no training window")
@@ -180,11 +203,16 @@ def promote(spec: PromoteSpec) -> dict[str, Any]:
         reason=reason,
     )
     history = (serving, *(current.history if current else ()))[:MAX_HISTORY]
+    kept = serving
+    if kind == "refused" and serv.fresh and serv.f1 is not None:
+        # The serving adapter's figure on the newest held-back conversations replaces the recorded
+        # one (or the missing one): the replicas' trust in it follows.
+        kept = serving.model_copy(update={"validation_f1": round(serv.f1, 6)})
     row = RouteRow(
         agent=spec.agent,
         generation=current.generation if current else 0,
         version=(current.version if current else 0) + 1,
-        route=route if kind == "promoted" else serving,
+        route=route if kind == "promoted" else kept,
         decision=decision,
         history=history if kind == "promoted" else (current.history if current else ()),
     )
@@ -198,6 +226,7 @@ def promote(spec: PromoteSpec) -> dict[str, Any]:
         "serving": serving.adapter,
         "serving_f1": decision.serving_f1,
         "serving_scored": serv.how,
+        "route_validation_f1": row.route.validation_f1,
         "examples": len(examples),
         "loaded": loaded,
         "version": row.version,
@@ -253,6 +282,31 @@ def rollback(agent: str, config: SidecarConfig, vllm_urls: tuple[str, ...] = ())
         "to": previous.adapter,
         "version": row.version,
     }
+
+
+def release(agent: str, config: SidecarConfig) -> dict[str, Any]:
+    """Lift the hold of the agent's rollback (``adapters release``): a ``released`` row that keeps
+    the route, after which ``adapters maintain`` treats the agent as any other."""
+    current = asyncio.run(read_rows(config)).get(agent)
+    if current is None or current.decision.kind != "rolled_back":
+        last = "no row on the routing topic" if current is None else f"its last decision is {current.decision.kind}"
+        raise DataError(f"no rollback holds {agent}: {last}")
+    row = RouteRow(
+        agent=agent,
+        generation=current.generation,
+        version=current.version + 1,
+        route=current.route,
+        decision=DecisionRecord(
+            kind="released",
+            at=time.time(),
+            candidate=current.route.adapter,
+            reason=f"the rollback to {current.route.adapter} released by an operator",
+        ),
+        history=current.history,
+    )
+    asyncio.run(write_row(config, row))
+    log.info("adapters.release", agent=agent, adapter=current.route.adapter, version=row.version)
+    return {"agent": agent, "decision": "released", "adapter": current.route.adapter, "version": row.version}
 
 
 def routes(config: SidecarConfig) -> dict[str, Any]:

@@ -176,11 +176,12 @@ def test_promote_without_agent(tmp_path: Path, config: Path, capsys: pytest.Capt
     assert "adapters promote: error" in err and "--agent" in err and "required" in err
 
 
-@pytest.mark.parametrize("command", ["promote", "rollback", "routes", "maintain"])
+@pytest.mark.parametrize("command", ["promote", "rollback", "release", "routes", "maintain"])
 def test_every_command_needs_the_sidecar_config(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     argv = {
         "promote": ["promote", "--agent", "shop", "--onboarding", "ob"],
         "rollback": ["rollback", "--agent", "shop"],
+        "release": ["release", "--agent", "shop"],
         "routes": ["routes"],
         "maintain": ["maintain", "--metrics-url", "http://x/metrics", "--work", "w"],
     }[command]
@@ -196,6 +197,8 @@ def test_a_bad_agent_name_is_refused(
     assert "adapters promote: error" in err and "--agent" in err and "invalid name" in err
     err = _exit(["rollback", "--agent", name, "--sidecar-config", str(config)], capsys)
     assert "adapters rollback: error" in err and "invalid name" in err
+    err = _exit(["release", "--agent", name, "--sidecar-config", str(config)], capsys)
+    assert "adapters release: error" in err and "invalid name" in err
     err = _exit(_maintain(tmp_path, config, "--agent", "shop", "--agent", name), capsys)
     assert "adapters maintain: error" in err and "invalid name" in err
 
@@ -207,8 +210,8 @@ def test_an_agent_name_of_64_characters_parses(tmp_path: Path, capsys: pytest.Ca
     assert "invalid name" not in err and str(missing) in err
 
 
-@pytest.mark.parametrize("margin", ["1.5", "1", "-0.1", "nan", "inf", "abc"])
-def test_a_margin_outside_0_1_is_refused(
+@pytest.mark.parametrize("margin", ["1.5", "1", "-1", "-1.5", "nan", "inf", "-inf", "abc"])
+def test_a_margin_outside_minus_1_1_is_refused(
     margin: str, tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     err = _exit(_promote(tmp_path, config, "--agent", "shop", "--margin", margin), capsys)
@@ -219,7 +222,7 @@ def test_a_margin_outside_0_1_is_refused(
 
 def test_a_margin_message_says_the_range(tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _exit(_promote(tmp_path, config, "--agent", "shop", "--margin", "1.5"), capsys)
-    assert "[0, 1)" in err
+    assert "(-1, 1)" in err
 
 
 @pytest.mark.parametrize("value", ["0", "-0.2", "1.01", "nan", "inf", "much"])
@@ -241,7 +244,7 @@ def test_maintain_needs_a_metrics_url_and_a_work_dir(
     assert "--work" in err
 
 
-@pytest.mark.parametrize("command", ["promote", "rollback", "routes", "maintain"])
+@pytest.mark.parametrize("command", ["promote", "rollback", "release", "routes", "maintain"])
 def test_a_missing_sidecar_config_file_exits_2_naming_it(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -249,6 +252,7 @@ def test_a_missing_sidecar_config_file_exits_2_naming_it(
     argv = {
         "promote": _promote(tmp_path, missing, "--agent", "shop"),
         "rollback": ["rollback", "--agent", "shop", "--sidecar-config", str(missing)],
+        "release": ["release", "--agent", "shop", "--sidecar-config", str(missing)],
         "routes": ["routes", "--sidecar-config", str(missing)],
         "maintain": _maintain(tmp_path, missing, "--dry-run"),
     }[command]
