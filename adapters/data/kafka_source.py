@@ -207,8 +207,7 @@ class KafkaSource:
         except DecodeError as exc:
             self.stats.skip(exc.reason)
             return
-        if ev.type == "feedback":  # a person's judgement, not part of the transcript
-            self.stats.skip("feedback")
+        if ev.type == "feedback":  # a person's judgement, not part of any transcript (nor malformed)
             return
         conv = pending.get(ev.conversation_id)
         if conv is None:
