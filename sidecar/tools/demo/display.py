@@ -220,11 +220,11 @@ class DemoDisplay:
     def _goals_table(self, f: Figures) -> Table | None:
         if not f.goals:
             return None
-        table = Table(title="goals (completion rate of their ended conversations)", title_justify="left")
+        table = Table(title="goals", title_justify="left")
         table.add_column("goal")
         table.add_column("id", style="dim")
         table.add_column("conversations", justify="right")
-        table.add_column("complete", justify="right")
+        table.add_column("ended complete", justify="right")
         shown = f.named_goals or f.goals
         for g in shown[:MAX_GOAL_ROWS]:
             table.add_row(Text(g.name), Text(g.goal), f"{g.conversations:,}", _percent(g.completion_rate))
