@@ -7,6 +7,7 @@ are the live ones."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -182,8 +183,33 @@ def test_intervals_bracket_the_estimate_and_goals_are_reported() -> None:
 
 @pytest.mark.parametrize("rounds", [0, 30])
 def test_the_summary_is_strict_json(rounds: int) -> None:
-    import json
-
     replays, _ = run_case(cut={"c1": 2, "c2": 1})
     alerts = decide([r.full for r in replays] + [r.cut for r in replays if r.cut is not None], alerting())
     json.dumps(summarize(replays, alerts, rounds=rounds), allow_nan=False)
+
+
+def test_rows_rebuild_the_effects_the_policy_decides_on() -> None:
+    """turns.jsonl round trip: the rebuilt effects give the same alerts and the same summary."""
+    from sidecar.tools.eval.replay_rows import replays_of, row_of
+
+    replays, _ = run_case(cut={"c1": 2, "c3": 1})
+    copies = [r.full for r in replays] + [r.cut for r in replays if r.cut is not None]
+    alerts = decide(copies, alerting())
+    rows = {r.conv.conversation_id: json.loads(json.dumps(row_of(r, alerts))) for r in replays}
+    again = replays_of(CASE, rows, "idle_ttl")
+    copies_again = [r.full for r in again] + [r.cut for r in again if r.cut is not None]
+    assert decide(copies_again, alerting()) == alerts
+    assert summarize(again, decide(copies_again, alerting()), rounds=0) == summarize(replays, alerts, rounds=0)
+
+
+def test_rows_that_do_not_match_the_input_are_refused() -> None:
+    from sidecar.errors import ConfigError
+    from sidecar.tools.eval.replay_rows import replays_of, row_of
+
+    replays, _ = run_case()
+    rows = {r.conv.conversation_id: row_of(r, []) for r in replays}
+    with pytest.raises(ConfigError, match="no row"):
+        replays_of([*CASE, conv("c5", 1, DONE)], rows, "idle_ttl")
+    rows["c2"] = {**rows["c2"], "turns": 7}
+    with pytest.raises(ConfigError, match="does not match"):
+        replays_of(CASE, rows, "idle_ttl")

@@ -79,3 +79,7 @@ def test_replayed_alerts_are_counted_from_the_live_path(tmp_path: Path, bundled_
     assert "http://" not in page.replace("http://www.w3.org", "") and "<script" not in page
     assert (out / "figures" / "earliness.png").stat().st_size > 1000
     assert "STAR disconnect" in (out / "alerts.md").read_text()
+    # Deciding again from the rows, without vLLM, gives the same figures.
+    again = tmp_path / "again"
+    assert main([*argv[:-4], "--out", str(again), "--rows", str(out), "--rounds", "100"]) == 0
+    assert json.loads((again / "alerts.json").read_text())["outcomes"] == found

@@ -65,6 +65,14 @@ def add_alerts_parser(subparsers: Any) -> None:
         default="idle_ttl",
         help="how a replayed conversation ends (datasets have no end events: idle_ttl)",
     )
+    p.add_argument(
+        "--rows",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="no vLLM: decide again from an earlier run's DIR/turns.jsonl (same input, --sample, --seed) "
+        "under this --config's alerting policy",
+    )
     p.add_argument("--max-input-bytes", type=positive_int, default=512 * 1024 * 1024)
     p.add_argument("--strict", action="store_true", help="a malformed line is an error")
     p.set_defaults(handler=run_alerts_command)
@@ -133,6 +141,8 @@ def run_alerts_command(args: argparse.Namespace) -> int:
     convs, read = read_dataset(args.input, max_bytes=args.max_input_bytes, strict=args.strict)
     convs = sample(convs, args.sample, args.seed)
     _make_out(args.out)
+    if args.rows is not None:
+        return _from_rows(args, convs, config, read.describe())
     server = None
     bundled: dict[str, Any] | None = None
     if args.bundled:
@@ -166,19 +176,35 @@ def run_alerts_command(args: argparse.Namespace) -> int:
             server.stop()
 
 
+def _from_rows(args: argparse.Namespace, convs: list[EvalConversation], config: Any, read: str) -> int:
+    from sidecar.tools.eval.replay_rows import replays_of
+
+    path = args.rows / "turns.jsonl"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        rows = {r["id"]: r for r in map(json.loads, lines)}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--rows: cannot read {path}: {exc}") from None
+    replays = replays_of(convs, rows, args.end_reason)
+    return write_report(
+        args, replays, alerting=config.alerting, read=f"{read}; decided again from {path}", cfg=None, seconds=0.0
+    )
+
+
 def write_report(
     args: argparse.Namespace,
     replays: list[Replay],
     *,
     alerting: AlertingConfig,
     read: str,
-    cfg: ScoringConfig,
+    cfg: ScoringConfig | None,
     seconds: float,
 ) -> int:
     from sidecar.tools.command import recorded_command
     from sidecar.tools.eval.alert_eval import summarize
     from sidecar.tools.eval.alert_report import earliness_figure, markdown, render_html
     from sidecar.tools.eval.replay import decide
+    from sidecar.tools.eval.replay_rows import row_of
 
     copies = [r.full for r in replays] + [r.cut for r in replays if r.cut is not None]
     rule = alerting.policy.uncertainty.rule
@@ -190,9 +216,15 @@ def write_report(
         "command": recorded_command("sidecar", getattr(args, "argv", None)),
         "input": f"{args.input.name}: {read}",
         "replayed": f"{len(replays)} conversations ({sum(c.turns for c in copies)} user turns with the cut copies)",
-        "base model": cfg.vllm.base_model,
-        "adapter": cfg.default_agent.adapter or "none (instruct prompt)",
-        "trees": "on" if cfg.tree.enabled else "off",
+        **(
+            {
+                "base model": cfg.vllm.base_model,
+                "adapter": cfg.default_agent.adapter or "none (instruct prompt)",
+                "trees": "on" if cfg.tree.enabled else "off",
+            }
+            if cfg is not None
+            else {}
+        ),
         "uncertain-turn rule": f"{rule} (target rate {alerting.policy.uncertainty.target_rate})",
         "end reason": args.end_reason,
         "replay seconds": round(seconds, 1),
@@ -203,22 +235,9 @@ def write_report(
     )
     (args.out / "alerts.md").write_text(markdown(summary, run), encoding="utf-8")
     (args.out / "alerts.html").write_text(render_html(summary, run, fig), encoding="utf-8")
-    by_copy: dict[str, list[list[Any]]] = {}
-    for a in alerts:
-        by_copy.setdefault(a.copy, []).append([a.kind, a.turn, a.lead_turns, a.lead_messages])
+
     with (args.out / "turns.jsonl").open("w", encoding="utf-8") as fh:
         for r in replays:
-            row = {
-                "id": r.conv.conversation_id,
-                "source": r.conv.source,
-                "labels": dict(r.conv.labels),
-                "turns": r.full.turns,
-                "cut_after": r.cut.turns if r.cut is not None else None,
-                "trees": {str(t): list(v) for t, v in sorted(r.trees.items())},
-                "p_end": {str(t): v for t, v in sorted(r.p_end.items())},
-                "alerts": by_copy.get(r.full.id, []),
-                "cut_alerts": by_copy.get(r.cut.id, []) if r.cut is not None else [],
-            }
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            fh.write(json.dumps(row_of(r, alerts), ensure_ascii=False) + "\n")
     print(f"sidecar eval-alerts: {len(replays)} conversations in {args.out / 'alerts.html'}", file=sys.stderr)
     return EXIT_OK

@@ -119,12 +119,13 @@ def rule_scores(replays: Sequence[Replay]) -> dict[str, dict[tuple[str, int], fl
 
 
 def rule_alerts(copies: Sequence[Copy], scores: Mapping[tuple[str, int], float], name: str) -> list[Recorded]:
-    """The top ``RULE_RATE`` of the copies' user turns under ``scores``."""
-    ids = {c.id: c for c in copies}
+    """The top ``RULE_RATE`` of the copies' user turns under ``scores`` (keyed by the dataset
+    conversation: a cut copy's turns are its conversation's first turns, with the same trees)."""
     cands = [
-        Candidate(cid, t, c.turns - t, c.messages - c.user_positions[t - 1] - 1, s)
-        for (cid, t), s in scores.items()
-        if (c := ids.get(cid)) is not None and t <= c.turns
+        Candidate(c.id, t, c.turns - t, c.messages - c.user_positions[t - 1] - 1, s)
+        for c in copies
+        for t in range(1, c.turns + 1)
+        if (s := scores.get((c.group, t))) is not None
     ]
     n = round(RULE_RATE * sum(c.turns for c in copies))
     return matched(cands, n, name=name)
@@ -163,10 +164,8 @@ def summarize(
             curves[kind] = earliness(table, recorded)
             if kind == ANY:
                 curves.update({f"{b} (at {ANY} rate)": earliness(table, a) for b, a in base.items()})
-        full_only = [c for c in mine if not c.cut]
         rules = {
-            rule: evaluate(table, rule_alerts(full_only, s, rule), rounds=rounds, seed=seed)
-            for rule, s in scores.items()
+            rule: evaluate(table, rule_alerts(mine, s, rule), rounds=rounds, seed=seed) for rule, s in scores.items()
         }
         out[name] = {"alerters": rows, "earliness": curves, "rules": rules}
     return {"outcomes": out, "goals": goals(out)}

@@ -88,6 +88,8 @@ class Replay:
     cut: Copy | None
     trees: dict[int, tuple[int, float | None]] = field(default_factory=dict)  # turn -> (leaves, best logprob)
     p_end: dict[int, float] = field(default_factory=dict)  # closed turn -> P(end) of c_t
+    final: bool | None = None  # the final verdict's "complete" (None: not scored)
+    cut_final: bool | None = None  # the cut copy's
 
 
 def user_positions(messages: Sequence[Any]) -> list[int]:
@@ -162,11 +164,15 @@ def assemble(
         done = e.first(CompletionScored)
         if e.ctx.kind == "turn_closed" and isinstance(done, CompletionScored):
             rep.p_end[e.ctx.turn] = done.p_end
+        if e.ctx.kind == "conversation_ended" and isinstance(done, CompletionScored):
+            rep.final = done.complete
     if cut is not None:
         k, ending = cut
         kept = [e for e in effects if e.ctx.turn <= k and e.ctx.kind != "conversation_ended"]
         end_ctx = cut_context(conv, k, effects[-1].ctx.end_reason or "idle_ttl", conv_agent(effects))
         rep.cut = _copy(conv, [*kept, Effect(end_ctx, events_of(ending), ending)], cut=k)
+        verdict = next((e for e in events_of(ending) if isinstance(e, CompletionScored)), None)
+        rep.cut_final = verdict.complete if verdict is not None else None
     return rep
 
 
