@@ -26,6 +26,9 @@ MAX_SEQ = 1_000_000_000
 MAX_DETAIL_CHARS = 400
 
 MAX_FEEDBACK_REASON_CHARS = 1000
+MAX_ARGUMENTS_DEPTH = 64
+"""How deep a tool call's ``arguments`` object may nest. The JSON parser accepts about 1,000 levels,
+but serialising that many recurses past Python's limit: a deeper object is refused (``schema``)."""
 MAX_TS_CHARS = 64
 MAX_TS_SECONDS = 253_402_300_800
 """Unix seconds must stay below this: 10000-01-01T00:00:00Z, where RFC 3339's four-digit year ends
@@ -40,7 +43,8 @@ _DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 NO_SEQ = -1
 """``Event.seq`` of feedback, which takes no place in the conversation's sequence."""
 
-AgentName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
+# Patterns end in \Z, not $: Python's $ also matches before a final newline ("booking\n").
+AgentName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,64}\Z")]
 FeedbackTarget = Literal["conversation", "turn", "alert"]
 FeedbackRating = Literal["up", "down", "true_alarm", "false_alarm"]
 _RATINGS: dict[str, tuple[str, ...]] = {
@@ -73,7 +77,7 @@ class _FeedbackIn(Struct, frozen=True, forbid_unknown_fields=True):
     target: FeedbackTarget
     rating: FeedbackRating
     turn: Annotated[int, Meta(ge=1, le=MAX_SEQ)] | None = None
-    alert_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")] | None = None
+    alert_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}\Z")] | None = None
     reason: Annotated[str, Meta(max_length=MAX_FEEDBACK_REASON_CHARS)] | None = None
 
 
@@ -90,8 +94,8 @@ class _EventIn(Struct, frozen=True):
     feedback: _FeedbackIn | None = None
     agent: AgentName | None = None
     tenant: Annotated[str, Meta(max_length=128)] | None = None
-    trace_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")] | None = None
-    span_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{16}$")] | None = None
+    trace_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}\Z")] | None = None
+    span_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{16}\Z")] | None = None
 
 
 _DECODER = msgspec.json.Decoder(_EventIn)
@@ -196,7 +200,27 @@ def _reason_for(message: str) -> str:
     return "schema"
 
 
+def _nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` containers deep (iterative: any depth is safe)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _to_message(m: _MessageIn) -> Message:
+    for i, call in enumerate(m.tool_calls):
+        if not isinstance(call.arguments, str) and _nested_deeper_than(call.arguments, MAX_ARGUMENTS_DEPTH):
+            raise DecodeError("schema", f"message.tool_calls[{i}].arguments: nested deeper than {MAX_ARGUMENTS_DEPTH}")
     calls = tuple(ToolCall(c.name, _canonical_arguments(c.arguments)) for c in m.tool_calls) if m.tool_calls else ()
     return Message(role=m.role, content=m.content, name=m.name, tool_calls=calls)
 

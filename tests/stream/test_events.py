@@ -244,6 +244,91 @@ def test_any_timestamp_is_accepted_or_refused_as_invalid_timestamp(ts: Any) -> N
             assert not isinstance(ts, bool) and ts is not None and 0 <= ts < 253402300800
 
 
+def _with_arguments(arguments_json: str) -> bytes:
+    message = '{"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": ' + arguments_json + "}]}"
+    return json.dumps(ev(message=None)).replace('"message": null', '"message": ' + message).encode()
+
+
+@pytest.mark.parametrize("depth", [65, 200, 900])
+def test_deeply_nested_tool_arguments_are_refused_not_raised(depth: int) -> None:
+    """Regression: the JSON parser accepts about 1,000 levels, but serialising the arguments
+    canonically recursed past Python's limit: a RecursionError escaped the decoder (one record
+    of 6 KB stopped the partition, and again after every restart)."""
+    value = _with_arguments('{"a": ' * depth + "1" + "}" * depth)
+    with pytest.raises(DecodeError) as info:
+        decode_event(value, b"conv-1", max_bytes=LIMIT)
+    assert info.value.reason == "schema"
+    assert "arguments" in info.value.detail
+
+
+def test_tool_arguments_up_to_the_depth_limit_are_kept() -> None:
+    deepest = '{"a":' + "[" * 63 + "]" * 63 + "}"  # 64 levels: the object and 63 arrays
+    e = decode_event(_with_arguments(deepest), b"conv-1", max_bytes=LIMIT)
+    assert e.message is not None and e.message.tool_calls[0].arguments == deepest
+
+
+def test_arguments_as_text_are_not_parsed_whatever_they_hold() -> None:
+    deep = '{"a": ' * 5000 + "1" + "}" * 5000
+    e = decode(ev(message={"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": deep}]}))
+    assert e.message is not None and e.message.tool_calls[0].arguments == deep
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("conversation_id", "c" * 257),
+        ("event_id", "e" * 129),
+        ("tenant", "t" * 129),
+        ("agent", ""),
+        ("agent", "b\u00f6oking"),
+        ("seq", 1_000_000_001),
+        ("seq", 2**64),
+        ("v", "1"),
+        ("type", "MESSAGE"),
+    ],
+)
+def test_out_of_range_fields_are_refused(field: str, value: Any) -> None:
+    obj = ev(**{field: value})
+    with pytest.raises(DecodeError) as info:
+        decode(obj, key=str(obj["conversation_id"]).encode())
+    assert info.value.reason in ("schema", "unsupported_version")
+    assert not VALIDATOR.is_valid(obj)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"agent": "booking\n"},
+        {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736\n", "span_id": "00f067aa0ba902b7"},
+        {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7\n"},
+    ],
+)
+def test_a_final_newline_does_not_pass_a_pattern(over: dict[str, str]) -> None:
+    """Regression: Python's ``$`` matches before a final newline, so ``"booking\n"`` was an agent
+    name (and a metric label). JSON Schema patterns are ECMA regular expressions, where it is not."""
+    with pytest.raises(DecodeError) as info:
+        decode(ev(**over))
+    assert info.value.reason == "schema"
+
+
+def test_many_tool_calls_and_long_names_are_bounded() -> None:
+    calls = [{"name": "f", "arguments": "{}"}] * 129
+    with pytest.raises(DecodeError, match="schema"):
+        decode(ev(message={"role": "assistant", "content": "", "tool_calls": calls}))
+    with pytest.raises(DecodeError, match="schema"):
+        decode(ev(message={"role": "tool", "content": "", "name": "n" * 129}))
+    with pytest.raises(DecodeError, match="schema"):
+        decode(ev(message={"role": "assistant", "content": "", "tool_calls": [{"name": ""}]}))
+
+
+def test_control_and_invisible_characters_in_ids_are_kept_as_data() -> None:
+    """Ids are opaque: any text within the bounds is accepted (the key must equal it), and what
+    is shown or logged of them is escaped where it is shown."""
+    cid = "c\u202e\u0000\u2028\U000e0041"
+    e = decode(ev(conversation_id=cid), key=cid.encode())
+    assert e.conversation_id == cid
+
+
 def test_detail_never_contains_message_text() -> None:
     secret = "my card is 4111 1111 1111 1111"
     with pytest.raises(DecodeError) as info:
