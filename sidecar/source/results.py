@@ -15,6 +15,9 @@ the broker refuses for its size is shrunk to an error marker without holding up 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -61,6 +64,11 @@ class KafkaResultsWriter:
         self.write_health = WriteHealth()
         self._partitions: int | None = None
         self._open: dict[int, _OpenBatch] = {}
+        # Batches closed but not yet handed to the producer, per results partition: one batch per
+        # partition is with the producer at a time (aiokafka sends one request per broker at a
+        # time anyway), so that what waits behind it stays here, where the fence can still drop it.
+        self._waiting: dict[int, deque[_OpenBatch]] = {}
+        self._in_flight: set[int] = set()
         self._sending: set[asyncio.Task[None]] = set()
         # Resend loops of failed writes, per source partition, so that giving one partition up
         # (revoke) stops its resends without touching the others'.
@@ -110,14 +118,29 @@ class KafkaResultsWriter:
             self._ship(partition)
 
     def _ship(self, partition: int) -> None:
-        batch = self._open.pop(partition)
-        if not all(self.fence.allows(i.epoch) for i in batch.items):
-            batch = self._without_fenced(batch)
+        self._waiting.setdefault(partition, deque()).append(self._open.pop(partition))
+        self._pump(partition)
+
+    def _pump(self, partition: int) -> None:
+        """Hand the partition's next waiting batch to the producer, unless one is with it already."""
+        waiting = self._waiting.get(partition)
+        while waiting and partition not in self._in_flight:
+            batch = waiting.popleft()
+            if not all(self.fence.allows(i.epoch) for i in batch.items):
+                batch = self._without_fenced(batch)
             if not batch.items:
-                return
-        task = asyncio.ensure_future(self._send(partition, batch))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+                continue
+            self._in_flight.add(partition)
+            task = asyncio.ensure_future(self._send(partition, batch))
+            self._sending.add(task)
+            task.add_done_callback(functools.partial(self._sent, partition))
+        if not waiting:
+            self._waiting.pop(partition, None)
+
+    def _sent(self, partition: int, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        self._in_flight.discard(partition)
+        self._pump(partition)
 
     async def _send(self, partition: int, batch: _OpenBatch) -> None:
         try:
@@ -136,11 +159,15 @@ class KafkaResultsWriter:
                 item.done.set_result(int(md.offset) + i)
 
     def _without_fenced(self, batch: _OpenBatch) -> _OpenBatch:
-        """The batch rebuilt from its records that may still be written; the others are dropped
-        (their futures cancelled, so their effects stay pinned and are never acknowledged)."""
+        """The batch rebuilt from its records that may still be written."""
+        return self._rebuilt(batch, lambda item: self.fence.allows(item.epoch))
+
+    def _rebuilt(self, batch: _OpenBatch, keep: Callable[[_Item], bool]) -> _OpenBatch:
+        """``batch`` with only the records ``keep`` accepts; the others are dropped (their futures
+        cancelled, so their effects stay pinned and are never acknowledged)."""
         kept = _OpenBatch(self._producer.create_batch())
         for item in batch.items:
-            if self.fence.allows(item.epoch):
+            if keep(item):
                 kept.builder.append(timestamp=None, key=item.key, value=item.value)
                 kept.items.append(item)
             elif not item.done.done():
@@ -154,20 +181,22 @@ class KafkaResultsWriter:
         owner read the journal. Records already handed to the producer cannot be called back."""
         for task in list(self._retries.pop(source_partition, ())):
             task.cancel()
+
+        def other(item: _Item) -> bool:
+            return item.source_partition != source_partition
+
         for partition, batch in list(self._open.items()):
-            if any(i.source_partition == source_partition for i in batch.items):
-                rest = _OpenBatch(self._producer.create_batch())
-                for item in batch.items:
-                    if item.source_partition != source_partition:
-                        rest.builder.append(timestamp=None, key=item.key, value=item.value)
-                        rest.items.append(item)
-                    elif not item.done.done():
-                        item.done.cancel()
+            if not all(other(i) for i in batch.items):
+                rest = self._rebuilt(batch, other)
                 if rest.items:
                     self._open[partition] = rest
                     asyncio.get_running_loop().call_soon(self._ship_if_open, partition, rest)
                 else:
                     del self._open[partition]
+        for waiting in self._waiting.values():
+            for i, batch in enumerate(waiting):
+                if not all(other(item) for item in batch.items):
+                    waiting[i] = self._rebuilt(batch, other)
 
     def _retry(self, partition: int, item: _Item) -> None:
         """Slow path: resend one record with backoff until acknowledged."""
@@ -203,10 +232,13 @@ class KafkaResultsWriter:
             self._ship(partition)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds
-        if self._sending:
-            _, pending = await asyncio.wait(set(self._sending), timeout=timeout_seconds)
-            if pending:
+        # A batch that completes hands the next waiting one to the producer (in its done callback,
+        # before this wait returns), so this goes on until nothing is waiting or sending.
+        while self._sending:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
                 return False
+            await asyncio.wait(set(self._sending), timeout=remaining)
         return await flush_producer(self._producer, max(0.0, deadline - loop.time()))
 
     def health(self) -> tuple[bool, str]:

@@ -25,7 +25,7 @@ from sidecar.state.hooks import RecordingHooks
 from sidecar.telemetry.stream_metrics import StreamMetrics
 from tests.stream.fakes import FakeJournal, event, record
 from tests.stream.test_processor import Clock, keys_of
-from tests.stream.test_results_wire import _KeepingProducer
+from tests.stream.test_results_wire import _Builder, _KeepingProducer
 
 STALL_LIMIT = 5.0
 
@@ -293,3 +293,53 @@ async def test_the_results_writer_drops_fenced_records_it_has_not_shipped() -> N
         assert await kept >= 0
     assert dropped.cancelled()
     assert [k for _, k, _ in producer.sent] == [b"b"]
+
+
+class _SlowAckProducer(_KeepingProducer):
+    """Acknowledges each batch only when the test says so: a slow broker, one request at a time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed = 0
+        self.acks: list[asyncio.Future[None]] = []
+
+    async def send_batch(self, batch: _Builder, topic: str, *, partition: int) -> Any:
+        self.handed += 1
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.acks.append(gate)
+        done = await super().send_batch(batch, topic, partition=partition)
+
+        async def later() -> Any:
+            await gate
+            return await done
+
+        return asyncio.ensure_future(later())
+
+
+async def test_records_waiting_behind_a_batch_in_flight_are_dropped_after_a_stall() -> None:
+    """The stall test's repeats: while one batch waits for a slow broker, the next outcomes queue up.
+    Handed to the producer, they would go out after the wake, after the next owner read the
+    journal; kept in the writer until the batch before them is acknowledged, the fence drops them."""
+    producer = _SlowAckProducer()
+    cfg = KafkaConfig(bootstrap_servers="unused:9092", topic="t", group_id="g")
+    writer = KafkaResultsWriter(producer, cfg, StreamMetrics(CollectorRegistry()), JournalSigner([]))
+    clock = Clock()
+    writer.fence = fence_for(clock)
+
+    def rec(cid: str) -> ResultRecord:
+        return ResultRecord(
+            v=1, partition=0, position=0, trigger="record", kind="user_message", conversation_id=cid, turn=1
+        )
+
+    first = await writer.submit(0, "a", rec("a"))
+    await asyncio.sleep(0.01)  # the first batch is with the producer, unacknowledged
+    queued = [await writer.submit(0, c, rec(c)) for c in "bcd"]
+    await asyncio.sleep(0.01)
+    assert producer.handed == 1  # the rest waits in the writer
+    clock.now += STALL_LIMIT + 1  # SIGSTOP ... SIGCONT
+    producer.acks[0].set_result(None)
+    async with asyncio.timeout(5):
+        assert await first >= 0
+    await asyncio.sleep(0.01)
+    assert producer.handed == 1 and all(f.cancelled() for f in queued)
+    assert [k for _, k, _ in producer.sent] == [b"a"]
