@@ -7,6 +7,7 @@
 3. SIGSTOP the new leader past its session timeout, let a successor publish, SIGCONT it: no replica
    ever serves a model of an older generation than one it served before, and all end on the
    successor's (a late model of the woken leader, if it wrote one, is counted stale everywhere).
+   No run counts as an error: a leader that finds itself superseded steps down (``not_leader``).
 
 Scoring is off (no vLLM needed); clustering is LLM-free (extractive) with the bundled embedder.
 """
@@ -174,10 +175,16 @@ async def test_three_processes_serve_one_goal_model_through_a_kill_and_a_stopped
             for r in fleet.live()
             if (s := r.scrape()) is not None
         )
+        runs = {
+            r.name: {res: s.value("sidecar_clustering_runs_total", result=res) for res in ("ok", "not_leader", "error")}
+            for r in fleet.live()
+            if (s := r.scrape()) is not None
+        }
+        assert all(counts["error"] == 0 for counts in runs.values()), runs
     finally:
         fleet.stop_all()
     print(  # the figures of the run, for the record
         f"models: {row1} -> {row2} -> {row3}; goals {len(clusters1)} -> {len(clusters2)} -> {len(clusters3)}; "
         f"ids kept across the kill {len(set(ids1) & set(ids2))}/{len(ids1)}; stale records read {stale:g}; "
-        f"served: {watch.seen}"
+        f"served: {watch.seen}; runs by replica: {runs}"
     )
