@@ -27,6 +27,7 @@ from sidecar.otel.errors import OtelRefused
 from sidecar.otel.ingest import OtelIngest
 from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.producer import KafkaUnavailable, OtelEventProducer
+from sidecar.otel.work import work_for
 from sidecar.retry import Backoff
 from sidecar.source.config import KafkaConfig
 from sidecar.supervision import Supervised, spawn
@@ -130,7 +131,9 @@ class OtlpKafkaBridge:
                 dead.append((rec, exc))
         # One derivation for the whole poll: its model calls oldest first whichever partition they
         # came from, and end signals after all of them.
-        events = self._ingest.derive(payloads, DOOR).records
+        # Off the event loop, one derivation at a time with the receiver (the same history tracker).
+        ingest = self._ingest
+        events = (await work_for(ingest).run(lambda: ingest.derive(payloads, DOOR))).records
         backoff = Backoff(BACKOFF_INITIAL_SECONDS, BACKOFF_MAX_SECONDS)
         while True:
             try:

@@ -55,7 +55,21 @@ class OtlpReceiverConfig(_Frozen):
         le=300,
         description="How long a request waits for Kafka to acknowledge its events before answering 503.",
     )
-    retry_after_seconds: int = Field(5, ge=1, le=3600, description="Retry-After of a 503 answer.")
+    retry_after_seconds: int = Field(5, ge=1, le=3600, description="Retry-After of a 503 or 429 answer.")
+    max_spans_per_request: int = Field(
+        10_000,
+        ge=1,
+        le=1_000_000,
+        description="Spans one request may hold (counted before they are parsed); more get 413 (too_many_spans). "
+        "An SDK's batch is 512 spans, a Collector's 8,192 by default.",
+    )
+    max_work_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="Time one request's decoding and derivation may take (in a worker thread, off the event "
+        "loop); past it the request gets 429 with Retry-After (over_budget) and nothing of it is produced.",
+    )
 
     @field_validator("bearer_token")
     @classmethod

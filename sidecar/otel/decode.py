@@ -19,24 +19,39 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from sidecar.otel.errors import OtelRefused
+from sidecar.otel.wire import parse_slices, slices
 
 Encoding = Literal["otlp_proto", "otlp_json"]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+#: Spans parsed at a time from a protobuf payload (about a millisecond each slice).
+SLICE_SPANS = 500
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
 
 
 def gunzip(body: bytes, *, max_bytes: int) -> bytes:
-    """Decompress a gzip body, refusing (``oversized``) as soon as the output passes ``max_bytes``."""
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, max_bytes + 1)
-    except zlib.error:
-        raise OtelRefused("invalid_gzip", "not a valid gzip stream") from None
-    if len(out) > max_bytes:
-        raise OtelRefused("oversized", f"decompressed body is over {max_bytes} bytes")
-    if not inflater.eof:
-        raise OtelRefused("invalid_gzip", "truncated gzip stream")
-    return out
+    """Decompress a gzip body, every member of it (RFC 1952: a gzip file is a series of members,
+    as ``cat a.gz b.gz`` writes), refusing ``oversized`` as soon as the output passes ``max_bytes``
+    in all, and ``invalid_gzip`` for a damaged or truncated member or bytes after the last one."""
+    out = bytearray()
+    rest = body
+    while True:
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            out += inflater.decompress(rest, max_bytes + 1 - len(out))
+        except zlib.error:
+            raise OtelRefused("invalid_gzip", "not a valid gzip stream") from None
+        if len(out) > max_bytes:
+            raise OtelRefused("oversized", f"decompressed body is over {max_bytes} bytes")
+        if not inflater.eof:
+            raise OtelRefused("invalid_gzip", "truncated gzip stream")
+        rest = inflater.unused_data
+        if not rest:
+            return bytes(out)
+        if rest[:2] != _GZIP_MAGIC:
+            raise OtelRefused("invalid_gzip", f"{len(rest)} bytes after the gzip stream")
 
 
 def sniff(payload: bytes) -> Encoding:
@@ -54,6 +69,24 @@ def decode_traces(payload: bytes, encoding: Encoding, *, max_bytes: int) -> Trac
     if encoding == "otlp_proto":
         return _decode_proto(payload)
     return _decode_json(payload)
+
+
+def decode_request(payload: bytes, encoding: Encoding, *, max_bytes: int, max_spans: int) -> TracesData:
+    """:func:`decode_traces` for a request that may be large: a protobuf is counted (``too_many_spans``
+    over ``max_spans``, before anything is parsed) and parsed :data:`SLICE_SPANS` spans at a time
+    (:mod:`sidecar.otel.wire`); OTLP JSON is parsed whole and then counted."""
+    if encoding == "otlp_json" or not payload or len(payload) > max_bytes:
+        data = decode_traces(payload, encoding, max_bytes=max_bytes)
+        _check_spans(sum(len(ss.spans) for rs in data.resource_spans for ss in rs.scope_spans), max_spans)
+        return data
+    count, parts = slices(payload, SLICE_SPANS)
+    _check_spans(count, max_spans)
+    return parse_slices(parts)
+
+
+def _check_spans(count: int, max_spans: int) -> None:
+    if count > max_spans:
+        raise OtelRefused("too_many_spans", f"{count} spans; the limit is {max_spans} per request")
 
 
 def _decode_proto(payload: bytes) -> TracesData:

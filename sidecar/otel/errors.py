@@ -16,6 +16,8 @@ REASONS: Final = frozenset(
         "invalid_protobuf",
         "invalid_json",
         "unsupported_content_type",
+        "too_many_spans",
+        "over_budget",
         # one span
         "content_missing",
         "no_conversation_id",

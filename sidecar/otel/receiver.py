@@ -6,9 +6,13 @@ Answers (OTLP/HTTP's own rules: 4xx are not retried by exporters, 503 is, after 
 
 * 200 with an ``ExportTraceServiceResponse``; refused spans are reported in ``partial_success``;
 * 400 a payload that cannot be decoded, 401 a missing or wrong bearer token, 413 a body over
-  ``max_body_bytes`` (as sent) or ``max_decompressed_bytes`` (after gzip), 415 another content type
-  or encoding;
+  ``max_body_bytes`` (as sent) or ``max_decompressed_bytes`` (after gzip) or with more than
+  ``max_spans_per_request`` spans, 415 another content type or encoding;
+* 429 with ``Retry-After`` when decoding and deriving took more than ``max_work_seconds``;
 * 503 with ``Retry-After`` when Kafka does not acknowledge in ``produce_timeout_seconds``.
+
+Decompressing, decoding and deriving run in a worker thread (:mod:`sidecar.otel.work`), never on
+the event loop: a large request does not stall the other listeners, the probes or the consumer.
 """
 
 from __future__ import annotations
@@ -24,17 +28,20 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from sidecar.lifecycle import Health
 from sidecar.otel.config import OtlpReceiverConfig
-from sidecar.otel.decode import Encoding, decode_traces, gunzip
+from sidecar.otel.decode import Encoding, decode_request, gunzip
 from sidecar.otel.errors import OtelRefused
-from sidecar.otel.ingest import OtelIngest
+from sidecar.otel.ingest import Derived, OtelIngest
 from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.producer import KafkaUnavailable, OtelEventProducer
+from sidecar.otel.work import work_for
 
 log = structlog.get_logger(__name__)
 
 DOOR: Final = "receiver"
 PATH: Final = "/v1/traces"
 _CONTENT_TYPES: dict[str, Encoding] = {"application/x-protobuf": "otlp_proto", "application/json": "otlp_json"}
+# A refused payload's status by reason (any other reason: 400); 429 and 503 carry Retry-After.
+_STATUS: Final = {"oversized": 413, "too_many_spans": 413, "over_budget": 429, "busy": 503}
 
 
 class OtlpHttpReceiver:
@@ -100,7 +107,16 @@ class OtlpHttpReceiver:
 
     def _refused(self, code: int, reason: str, detail: str) -> web.Response:
         self._ingest.refuse_payload(DOOR, reason)
-        return self._answer(code, f"{reason}: {detail}")
+        retry = {"Retry-After": str(self._cfg.retry_after_seconds)} if code in (429, 503) else None
+        return self._answer(code, f"{reason}: {detail}", retry)
+
+    def _derive(self, body: bytes, compression: str, encoding: Encoding) -> Derived:
+        """The CPU part of a request; runs in a worker thread (:mod:`sidecar.otel.work`)."""
+        limit = self._cfg.max_decompressed_bytes
+        if compression == "gzip":
+            body = gunzip(body, max_bytes=limit)
+        data = decode_request(body, encoding, max_bytes=limit, max_spans=self._cfg.max_spans_per_request)
+        return self._ingest.derive(data, DOOR)
 
     async def _handle(self, request: web.Request) -> web.Response:  # noqa: PLR0911 - one return per answer
         token = self._cfg.bearer_token
@@ -121,14 +137,15 @@ class OtlpHttpReceiver:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._refused(413, "oversized", f"body over {self._cfg.max_body_bytes} bytes")
-        try:
-            if compression == "gzip":
-                body = gunzip(body, max_bytes=self._cfg.max_decompressed_bytes)
-            data = decode_traces(body, encoding, max_bytes=self._cfg.max_decompressed_bytes)
-        except OtelRefused as exc:
-            return self._refused(413 if exc.reason == "oversized" else 400, exc.reason, exc.detail)
         async with self._serial:
-            derived = self._ingest.derive(data, DOOR)
+            try:
+                derived = await work_for(self._ingest).run(
+                    lambda: self._derive(body, compression, encoding),
+                    budget_seconds=self._cfg.max_work_seconds,
+                    abandon=lambda late: self._ingest.forget(late.conversations),
+                )
+            except OtelRefused as exc:
+                return self._refused(_STATUS.get(exc.reason, 400), exc.reason, exc.detail)
             try:
                 await self._producer.produce(
                     self._topic, derived.records, timeout_seconds=self._cfg.produce_timeout_seconds

@@ -165,3 +165,20 @@ async def test_only_post_on_the_otlp_path(served: tuple[httpx.AsyncClient, Recor
     client, _ = served
     assert (await client.get("/v1/traces")).status_code == 405
     assert (await client.post("/v1/logs", content=b"", headers=PROTO)).status_code == 404
+
+
+async def test_multi_member_gzip_delivers_every_member_and_trailing_bytes_are_400(
+    served: tuple[httpx.AsyncClient, RecordingProducer], registry: CollectorRegistry
+) -> None:
+    client, producer = served
+    headers = {**PROTO, "Content-Encoding": "gzip"}
+    two = gzip.compress(payload("m-1")) + gzip.compress(payload("m-2"))
+    answer = await client.post("/v1/traces", content=two, headers=headers)
+    assert answer.status_code == 200
+    assert {k for k, _ in producer.acked} == {b"m-1", b"m-2"}
+    answer = await client.post("/v1/traces", content=gzip.compress(payload("m-3")) + b"trailing", headers=headers)
+    assert answer.status_code == 400
+    assert "invalid_gzip" in answer.text
+    assert refused(registry, "invalid_gzip", "receiver") == 1
+    assert b"m-3" not in {k for k, _ in producer.acked}
+
