@@ -185,3 +185,21 @@ def test_progress_bars_are_silenced_without_overriding_a_choice(monkeypatch: pyt
     quiet_progress_bars()
     assert os.environ["TQDM_DISABLE"] == "1"
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+
+
+@pytest.mark.parametrize("width", [160, 100, 80])
+def test_alert_links_are_shown_whole_whatever_the_width(width: int) -> None:
+    feed = AlertFeed("http://127.0.0.1:9108")
+    tree = "http://127.0.0.1:9108/trees/" + "0123456789abcdef" * 2
+    feed.add(
+        json.dumps({"kind": "conversation_incomplete", "conversation_id": "star/1", "summary": "s" * 300}).encode()
+    )
+    feed.add(json.dumps({"kind": "uncertain_turn", "conversation_id": "multiwoz/" + "P" * 60, "summary": "x" * 300,
+                         "tree_url": tree}).encode())  # fmt: skip
+    out = io.StringIO()
+    with DemoDisplay(CollectorRegistry(), total=None, pages_url="http://127.0.0.1:9108", alerts=feed, stream=out,
+                     width=width) as display:  # fmt: skip
+        display.final()
+    lines = out.getvalue().splitlines()
+    assert any(tree in line for line in lines)
+    assert all(len(line.rstrip()) <= width for line in lines)

@@ -36,6 +36,10 @@ PAGES: Final = (
     ("metrics", "every figure above, for Prometheus"),
     ("readyz", "readiness, each check in words"),
 )
+# Narrower than this, the alerts are listed on two lines each instead of in a table.
+MIN_SUMMARY_CHARS: Final = 16
+# The characters a 4-column boxed table spends on its rules and padding: 5 rules, 2 spaces a column.
+_TABLE_RULES: Final = 13
 # Below this width the column naming each figure's metric is left out.
 METRIC_COLUMN_MIN_WIDTH: Final = 120
 
@@ -232,15 +236,28 @@ class DemoDisplay:
             table.add_row(Text(f"... {len(shown) - MAX_GOAL_ROWS} more at {self._pages_url}/clusters"), "", "", "")
         return table
 
-    def _alerts_table(self) -> Table | None:
+    def _alerts_table(self) -> RenderableType | None:
         if self._alerts is None or not self._alerts.recent():
             return None
-        table = Table(title=f"last alerts ({self._alerts.read:,} read from the alert topic)", title_justify="left")
-        table.add_column("kind", no_wrap=True)
-        table.add_column("conversation", no_wrap=True, max_width=28)
-        table.add_column("summary", ratio=1, no_wrap=True, overflow="ellipsis")
-        table.add_column("open", no_wrap=True)
-        for a in self._alerts.recent():
+        title = f"last alerts ({self._alerts.read:,} read from the alert topic)"
+        recent = self._alerts.recent()
+        # The kind and the link are shown whole (a link cut short opens nothing); the conversation
+        # id is cut at 28 characters and the summary takes what is left of the line, on one line.
+        kind, link = max(len(a.kind) for a in recent), max(len(a.link) for a in recent)
+        conversation = min(28, max(len("conversation"), *(len(a.conversation_id) for a in recent)))
+        summary = self._console.width - kind - conversation - link - _TABLE_RULES
+        if summary < MIN_SUMMARY_CHARS:  # a narrow terminal: each alert on two lines, the link whole
+            lines = [Text(title)]
+            for a in recent:
+                lines.append(Text(f"  {a.kind}  {a.conversation_id}  {a.summary}", no_wrap=True, overflow="ellipsis"))
+                lines.append(Text(f"    {a.link}", style="link " + a.link))
+            return Group(*lines)
+        table = Table(title=title, title_justify="left")
+        table.add_column("kind", no_wrap=True, min_width=kind)
+        table.add_column("conversation", no_wrap=True, overflow="ellipsis", max_width=conversation)
+        table.add_column("summary", no_wrap=True, overflow="ellipsis", max_width=summary)
+        table.add_column("open", no_wrap=True, min_width=link)
+        for a in recent:
             table.add_row(Text(a.kind), Text(a.conversation_id), Text(a.summary), Text(a.link, style="link " + a.link))
         return table
 
