@@ -196,3 +196,16 @@ async def test_feedback_events_move_the_threshold_once_through_a_restart() -> No
     assert await again.drain(5)
     assert restarted.scale("default", "uncertain_turn") == 1.0  # nothing applied twice (nor again)
     assert len([r for r in j.results if r["kind"] == "feedback"]) == 10
+
+
+def test_readyz_lists_the_thresholds_and_the_app_wires_one_instance() -> None:
+    from sidecar.app import build_hooks
+    from sidecar.config import SidecarConfig
+
+    config = SidecarConfig.model_validate({"alerting": {"feedback": ON}})
+    assembly = build_hooks(config, CollectorRegistry())
+    [reporter] = [h for h in assembly.health if h.health().name == "alert_thresholds"]
+    assert isinstance(reporter, FeedbackThresholds)
+    assert isinstance(assembly.feedback, AlertFeedback) and assembly.feedback.thresholds is reporter
+    judge(reporter, "F" * 10, agent="default")
+    assert reporter.health().detail == "moved by feedback: default uncertain_turn: target rate x0.800"
