@@ -111,7 +111,7 @@ class PartitionProcessor:
         self._keys = recovery.keys
         self._ended_at = recovery.ended_at
         self._feedback_done = recovery.feedback_positions
-        self._feedback_memory = FeedbackMemory(state_config.finished_memory)
+        self._feedback_memory = FeedbackMemory(state_config.finished_memory, self.state.hold)
         for event_id in recovery.feedback_ids:
             self._feedback_memory.remember(event_id)
         self._transitions = deque(recovery.transitions)

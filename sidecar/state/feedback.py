@@ -18,9 +18,11 @@ from the committed offset. :class:`FeedbackMemory` is pure, like
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.events import Event, Feedback
+from sidecar.state.memory import FEEDBACK_ENTRY_BYTES
 from sidecar.state.store import PartitionState, Rejected
 
 
@@ -35,12 +37,15 @@ class FeedbackTarget:
 
 
 class FeedbackMemory:
-    """The feedback event ids one partition applied (their hashes), at most ``capacity``, oldest
-    forgotten first. Not a cache of the feedback itself: only what duplicate detection needs."""
+    """The feedback event ids one partition took (their hashes), at most ``capacity``, oldest
+    forgotten first, their memory counted through ``hold``. Not a cache of the feedback itself:
+    only what duplicate detection needs."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, hold: Callable[[int], None] | None = None) -> None:
         self._capacity = capacity
         self._seen: OrderedDict[int, None] = OrderedDict()
+        # Where the memory is counted (PartitionState.hold: the partition's share of the budget).
+        self._hold = hold or (lambda _n: None)
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -70,8 +75,10 @@ class FeedbackMemory:
         self._remember(hash(event_id))
 
     def _remember(self, h: int) -> None:
-        if not self._capacity:
+        if not self._capacity or h in self._seen:
             return
         self._seen[h] = None
+        self._hold(FEEDBACK_ENTRY_BYTES)
         while len(self._seen) > self._capacity:
             self._seen.popitem(last=False)
+            self._hold(-FEEDBACK_ENTRY_BYTES)

@@ -25,6 +25,9 @@ FINISHED_ENTRY_OVERHEAD_BYTES = 160
 # One remembered OpenTelemetry span: a list slot, a 2-tuple, the SpanRef and its two hex strings
 # (89 + 73 bytes as str objects): about 300 bytes, counted only when the span changes.
 SPAN_ENTRY_BYTES = 320
+# One remembered feedback id: its hash and an ordered-dict entry (141 bytes measured with
+# tracemalloc over 100,000 entries).
+FEEDBACK_ENTRY_BYTES = 160
 
 
 def message_bytes(m: Message) -> int:

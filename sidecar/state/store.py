@@ -103,6 +103,12 @@ class PartitionState:
         self._budget.leave(self.mem_bytes)
         self.mem_bytes = 0
 
+    def hold(self, n: int) -> None:
+        """Count ``n`` bytes (negative: give back) held for this partition outside its conversations
+        (the feedback ids, :mod:`sidecar.state.feedback`): in its share of the process budget, and
+        handed back with the rest by :meth:`close`."""
+        self._add_bytes(n)
+
     def _add_bytes(self, n: int) -> None:
         self.mem_bytes += n
         self._budget.add(n)

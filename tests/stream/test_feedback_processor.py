@@ -298,3 +298,23 @@ async def test_crash_anywhere_applies_each_feedback_exactly_once(seed: int, cras
     assert await p.drain(5)
     journaled = [r["outcome"]["event_id"] for r in fed(j)]
     assert sorted(journaled) == sorted(expected)  # every feedback once, none twice, copies never
+
+
+def test_feedback_ids_are_bounded_and_counted_in_the_partitions_memory() -> None:
+    from sidecar.events import decode_event
+    from sidecar.state.feedback import FeedbackMemory
+    from sidecar.state.memory import FEEDBACK_ENTRY_BYTES, MemoryBudget
+    from sidecar.state.store import PartitionState
+
+    budget = MemoryBudget(1 << 30)
+    state = PartitionState(StateConfig(finished_memory=3), budget)
+    memory = FeedbackMemory(3, state.hold)
+    state.apply(decode_event(record(0, event("c", 0, "user")).value, b"c", max_bytes=10_000), 0, 0.0, 0)
+    before = state.mem_bytes
+    for i in range(10):
+        raw = feedback(1 + i, "c", f"f{i}", {"target": "conversation", "rating": "up"}).value
+        memory.take(state, decode_event(raw, b"c", max_bytes=10_000))
+    assert len(memory) == 3
+    assert state.mem_bytes - before == 3 * FEEDBACK_ENTRY_BYTES
+    state.close()
+    assert state.mem_bytes == 0
