@@ -109,7 +109,9 @@ class HttpConfig(BaseModel):
         64,
         ge=1,
         le=65_536,
-        description="Open connections per listener beyond this get 503 (over TLS: are closed) at once.",
+        description="Open connections per listener. When all are open, the oldest idle one (no request in "
+        "progress) is closed to make room; when every one has a request in progress, one more gets 503 (over "
+        "TLS: is closed) at once.",
     )
 
     @model_validator(mode="after")

@@ -33,9 +33,10 @@ Hostile clients are expected: unknown paths get 404, other methods 405, request 
 ``max_request_bytes`` 413 (before any handler runs), bodies still arriving after
 ``request_timeout_seconds`` 408, over-long request lines or header floods are refused by the parser
 limits (:mod:`sidecar.telemetry.listener`), unparseable bytes get a 400 and a closed connection,
-connections beyond ``max_connections`` get a 503 and are closed at once (counted in
-``sidecar_http_connections_refused_total``), and failed authentications are counted and limited
-per client address.
+at ``max_connections`` the oldest idle connection is closed to make room for a new one (idle, slow
+or hoarded connections cannot lock the probes out) and only when every connection has a request in
+progress does one more get a 503 at once (counted in ``sidecar_http_connections_refused_total``),
+and failed authentications are counted and limited per client address.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
 """One listening socket of the HTTP server: an aiohttp application behind a connection gate, with TLS.
 
 :class:`Listener` binds ``host``:``port`` and serves one :class:`aiohttp.web.Application` through
-a gate that allows at most ``max_connections`` open connections: one more gets a plain 503 and is
-closed at once, costing one write and never a parser or a task (counted in ``refused``).
+a gate that allows at most ``max_connections`` open connections. When they are all open, the
+oldest *idle* one (waiting for a request: a keep-alive connection between requests, one that has
+not finished sending its headers, or a TLS handshake not yet done) is closed to make room, so
+connections that are held open without a request in progress cannot lock anyone out, the probes
+included. Only when every connection has a request in progress does one more get a plain 503 and
+is closed at once, costing one write and never a parser or a task (counted in ``refused``).
 
 With an :class:`ssl.SSLContext`, every accepted TCP connection is counted from the moment it is
 accepted, through the handshake, until the socket closes. asyncio's own ``create_server(ssl=...)``
@@ -74,7 +78,7 @@ class _Drop(asyncio.Protocol):
 class _CountedTls(sslproto.SSLProtocol):
     """asyncio's server-side TLS protocol that releases its gate slot when the TCP connection ends."""
 
-    def __init__(self, app: asyncio.BaseProtocol, context: ssl.SSLContext, gate: _ConnectionGate) -> None:
+    def __init__(self, app: web.RequestHandler, context: ssl.SSLContext, gate: _ConnectionGate) -> None:
         # No waiter: nothing awaits the handshake here (asyncio's SSLProtocol accepts None, its stub
         # does not say so); its end is seen in connection_made/connection_lost.
         super().__init__(
@@ -85,6 +89,7 @@ class _CountedTls(sslproto.SSLProtocol):
             server_side=True,
             ssl_handshake_timeout=TLS_HANDSHAKE_SECONDS,
         )
+        self.handler = app
         self._gate: _ConnectionGate | None = gate
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -93,37 +98,78 @@ class _CountedTls(sslproto.SSLProtocol):
         finally:
             gate, self._gate = self._gate, None
             if gate is not None:
-                gate.open -= 1
+                gate.release(self)
+
+    def evict(self) -> None:
+        transport = getattr(self, "_transport", None)  # the TCP transport under the TLS one
+        if transport is not None:
+            transport.abort()
+
+
+def _idle(handler: web.RequestHandler) -> bool:
+    """Waiting for a request (or never connected: a TLS handshake not done): safe to close.
+
+    Reads aiohttp's own state of the connection (its message waiter and in-progress flag)."""
+    if handler.transport is None:
+        return True
+    waiter = getattr(handler, "_waiter", None)
+    return waiter is not None and not waiter.done() and not getattr(handler, "_request_in_progress", True)
 
 
 class _ConnectionGate:
-    """Protocol factory in front of aiohttp's server: at most ``limit`` connections open at once."""
+    """Protocol factory in front of aiohttp's server: at most ``limit`` connections open at once;
+    the oldest idle one makes room for a new one."""
 
     def __init__(self, server: web.Server, limit: int, refused: Counter, context: ssl.SSLContext | None) -> None:
         self._server = server
         self._limit = limit
         self._refused = refused
         self._context = context
-        self.open = 0
+        # Open connections, oldest first: the aiohttp handler (plain TCP) or the TLS protocol.
+        self._open: dict[object, None] = {}
+        self._evicted: set[object] = set()
         if context is None:
             # Plain TCP: aiohttp's handler is the connection's protocol and hears of its end.
             forget = server.connection_lost
 
             def connection_lost(handler: Any, exc: BaseException | None) -> None:
-                self.open -= 1
+                self.release(handler)
                 forget(handler, exc)
 
             server.connection_lost = connection_lost  # type: ignore[method-assign,assignment]
 
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def release(self, conn: object) -> None:
+        self._open.pop(conn, None)
+        self._evicted.discard(conn)
+
+    def _make_room(self) -> bool:
+        for conn in self._open:
+            if conn in self._evicted:
+                continue
+            handler = conn.handler if isinstance(conn, _CountedTls) else conn
+            if isinstance(handler, web.RequestHandler) and _idle(handler):
+                self._evicted.add(conn)
+                if isinstance(conn, _CountedTls):
+                    conn.evict()
+                else:
+                    handler.force_close()
+                return True
+        return False
+
     def __call__(self) -> asyncio.BaseProtocol:
-        if self.open >= self._limit:
+        if len(self._open) - len(self._evicted) >= self._limit and not self._make_room():
             self._refused.inc()
             # Over TLS a 503 would first cost a handshake: the connection is closed unanswered.
             return _Refusal() if self._context is None else _Drop()
-        self.open += 1
-        if self._context is None:
-            return self._server()
-        return _CountedTls(self._server(), self._context, self)
+        handler = self._server()
+        conn: object = handler if self._context is None else _CountedTls(handler, self._context, self)
+        self._open[conn] = None
+        assert isinstance(conn, asyncio.BaseProtocol)
+        return conn
 
 
 class Listener:

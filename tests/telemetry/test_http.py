@@ -382,15 +382,35 @@ async def test_slowly_sent_body_gets_408_and_a_closed_connection(registry: Colle
     assert registry.get_sample_value("sidecar_http_requests_total", {"handler": "healthz", "code": "408"}) == 1.0
 
 
-async def test_connections_past_the_limit_get_503_then_service_resumes(registry: CollectorRegistry) -> None:
+async def _busy(srv: HttpServer, n: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """Connections with a request in progress: headers sent, the announced body never comes."""
+    out = []
+    for _ in range(n):
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        await writer.drain()
+        out.append((reader, writer))
+    return out
+
+
+async def test_idle_connections_make_room_and_busy_ones_past_the_limit_get_503(registry: CollectorRegistry) -> None:
     config = HttpConfig(host="127.0.0.1", port=0, max_request_bytes=LIMIT, max_connections=8)
     async with HttpServer(config, registry, []) as srv:
-        held = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(8)]
+        # Eight connections that never send a request hold every slot: the oldest makes room.
+        idle = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(8)]
         await asyncio.sleep(0.05)
+        raw = await _raw(srv, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _status(raw) == 200
+        async with asyncio.timeout(5):
+            assert await idle[0][0].read() == b""  # the oldest idle connection was closed
+        assert not registry.get_sample_value("sidecar_http_connections_refused_total")
+        # Eight requests in progress (bodies that never arrive) cannot be closed: one more is refused.
+        busy = await _busy(srv, 8)
+        await asyncio.sleep(0.2)
         raw = await _raw(srv, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", read_timeout=5.0)
         assert _status(raw) == 503
         assert registry.get_sample_value("sidecar_http_connections_refused_total") == 1.0
-        for _, w in held:
+        for _, w in idle + busy:
             w.close()
         async with asyncio.timeout(10):
             while True:  # the server sees the closes on its next loop turns
