@@ -293,6 +293,9 @@ class KafkaEventSource:
         assignment (a member the coordinator still knows would otherwise keep partitions it no
         longer processes)."""
         self.metrics.members_fenced.labels(reason).inc()
+        dropped = self.results.drop_unsent()
+        if dropped:
+            log.info("kafka.fenced_batches_dropped", batches=dropped)
         if self.leadership is not None:
             self.leadership.revoked()
         request_rejoin(self.consumer)

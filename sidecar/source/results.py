@@ -147,6 +147,11 @@ class KafkaResultsWriter:
             delivered = await self._producer.send_batch(batch.builder, self._cfg.results_topic, partition=partition)
             md = await delivered
         except KafkaError as exc:
+            if not all(self.fence.allows(i.epoch) for i in batch.items):
+                for item in batch.items:  # dropped by the fence (drop_unsent), not a broker error
+                    if not item.done.done():
+                        item.done.cancel()
+                return
             self._metrics.results_write_errors.labels("retryable" if exc.retriable else "permanent").inc()
             self.write_health.failed(exc, permanent=not exc.retriable and not isinstance(exc, MessageSizeTooLargeError))
             for item in batch.items:
@@ -223,6 +228,29 @@ class KafkaResultsWriter:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         item.done.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
+
+    def drop_unsent(self) -> int:
+        """Fail the results batches still queued inside the Kafka client, not yet in a request.
+
+        Called when the member fence goes up: the batch handed to the client just before a stall
+        waits there behind another request, and would otherwise be sent after the wake, after the
+        next owner read the journal. aiokafka has no public call for this; its accumulator keeps
+        unsent batches per partition in ``_batches`` (they get no sequence number before they are
+        drained, so failing them is safe under the idempotent producer too). Returns the batches
+        dropped."""
+        accumulator = getattr(self._producer, "_message_accumulator", None)
+        queues = getattr(accumulator, "_batches", None)
+        if not isinstance(queues, dict):
+            return 0
+        dropped = 0
+        for tp in [tp for tp in queues if getattr(tp, "topic", None) == self._cfg.results_topic]:
+            queue = queues.pop(tp)
+            while queue:
+                batch = queue.popleft()
+                batch.drain_ready()
+                batch.failure(KafkaError("dropped: this member may have lost its partitions"))
+                dropped += 1
+        return dropped
 
     async def flush(self, source_partition: int, timeout_seconds: float) -> bool:
         """Submit what is open, stop ``source_partition``'s resends, wait for every send to settle."""

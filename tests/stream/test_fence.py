@@ -9,6 +9,9 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 
 from sidecar.contract import Effect, Outcome, TurnContext
@@ -343,3 +346,25 @@ async def test_records_waiting_behind_a_batch_in_flight_are_dropped_after_a_stal
     await asyncio.sleep(0.01)
     assert producer.handed == 1 and all(f.cancelled() for f in queued)
     assert [k for _, k, _ in producer.sent] == [b"a"]
+
+
+async def test_batches_still_queued_inside_the_kafka_client_are_failed_when_the_fence_goes_up() -> None:
+    """The batch handed to aiokafka just before the stall waits in its accumulator behind another
+    request; the fence fails it there (the stall test's remaining repeats), and leaves other
+    topics' batches alone."""
+    producer = AIOKafkaProducer(bootstrap_servers="unused:9092")  # never started: nothing is sent
+    cfg = KafkaConfig(bootstrap_servers="unused:9092", topic="t", group_id="g")
+    writer = KafkaResultsWriter(producer, cfg, StreamMetrics(CollectorRegistry()), JournalSigner([]))
+    accumulator = producer._message_accumulator
+    queued: list[Any] = []
+    for topic in (cfg.results_topic, cfg.results_topic, cfg.dead_letter_topic):
+        builder = producer.create_batch()
+        builder.append(timestamp=None, key=b"k", value=b"v")
+        queued.append(await accumulator.add_batch(builder, TopicPartition(topic, len(queued)), timeout=1))
+    assert writer.drop_unsent() == 2
+    for fut in queued[:2]:
+        with pytest.raises(KafkaError):
+            await fut
+    assert not queued[2].done()
+    assert list(accumulator._batches) == [TopicPartition(cfg.dead_letter_topic, 2)]
+    await producer.stop()
