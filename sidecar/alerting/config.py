@@ -27,14 +27,15 @@ class UncertaintyPolicyConfig(BaseModel):
 
     mode: Literal["relative", "fixed"] = Field(
         "relative",
-        description="relative: against the agent's own recent trees (rank of leaves and of best-branch "
-        "logprob, flag the top target_rate on both, paper App. C.2.2); fixed: min_leaves / max_best_logprob.",
+        description="relative: against the agent's own recent trees (flag the top target_rate under rule); "
+        "fixed: min_leaves / max_best_logprob.",
     )
     rule: Literal["min_rank", "best_logprob"] = Field(
-        "min_rank",
-        description="relative: the score ranked against the window. min_rank: min(rank of leaves, rank of low "
-        "best-branch logprob), the paper's 'top on both'; best_logprob: the rank of low best-branch logprob alone "
-        "(docs/alert-evaluation.md measures both).",
+        "best_logprob",
+        description="relative: the score ranked against the window. best_logprob: the rank of low best-branch "
+        "logprob; min_rank: min(rank of leaves, rank of low best-branch logprob), the paper's 'top on both' (App. "
+        "C.2.2). The leaf count is measured to point the wrong way (docs/alert-evaluation.md), so it is not in the "
+        "default.",
     )
     target_rate: float = Field(
         0.05, gt=0, lt=1, description="relative: the fraction of an agent's trees to flag as uncertain."

@@ -1,17 +1,18 @@
 """When is a turn uncertain? Relative to the agent's own recent response trees, by default.
 
 The paper (Appendix C.2.2) inspects the turns that are in the top 10 % on both signals at once:
-many leaves and a low best-branch logprob. Absolute thresholds do not carry from one model to
-another (the bundled 4 M-parameter model never reaches -5 on its best branch, so a fixed
-``max_best_logprob`` flagged every turn), so the default rule ranks each new tree against the
-agent's last ``window_trees`` trees:
+many leaves and a low best-branch logprob; that rule stays available (``rule: min_rank``).
+Absolute thresholds do not carry from one model to another (the bundled 4 M-parameter model never
+reaches -5 on its best branch, so a fixed ``max_best_logprob`` flagged every turn), so the
+default rule ranks each new tree against the agent's last ``window_trees`` trees:
 
 * ``r_leaves`` = the fraction of the window with at most as many leaves (mid-rank for ties),
   ``r_logprob`` = the fraction with at least as high a best-branch logprob;
-* the tree's *uncertainty score* is ``u = min(r_leaves, r_logprob)`` with ``rule: min_rank``:
-  high only when both ranks are high, i.e. "in the top on both"; with ``rule: best_logprob`` it is
-  ``u = r_logprob`` alone (the leaf count is measured to point the wrong way on some models and
-  outcomes: ``docs/alert-evaluation.md``);
+* the tree's *uncertainty score* is ``u = r_logprob`` with ``rule: best_logprob`` (the default);
+  with ``rule: min_rank``, the paper's, ``u = min(r_leaves, r_logprob)``: high only when both
+  ranks are high, i.e. "in the top on both". The leaf count is measured to point the wrong way
+  (many leaves go with success) on both bases studied, and the min() dilutes the signal that works
+  (``docs/alert-evaluation.md``);
 * it is flagged when ``u`` is above the window's ``1 - target_rate`` quantile of ``u``, so the
   flag rate tracks ``target_rate`` on stationary traffic whatever the model's scale. Ties at the
   threshold (frequent: many trees share a leaf count) are broken by a hash of the turn's key,
@@ -67,7 +68,7 @@ class AgentTrees:
         self._leaves.append(float(leaves))
         self._logprob.append(logprob)
 
-    def scores(self, leaves: int, logprob: float, rule: str = "min_rank") -> tuple[float, np.ndarray]:
+    def scores(self, leaves: int, logprob: float, rule: str = "best_logprob") -> tuple[float, np.ndarray]:
         """The new tree's score and the scores of the window's trees, against the window."""
         lp = np.fromiter(self._logprob, dtype=np.float64, count=len(self._logprob))
         # Low best-branch logprob is the uncertain end: rank the negated values.

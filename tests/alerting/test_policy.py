@@ -43,7 +43,7 @@ def test_constant_trees_flag_the_target_share_not_all() -> None:
 
 
 def test_top_on_both_is_what_is_flagged() -> None:
-    cfg = UncertaintyPolicyConfig(target_rate=0.05, window_trees=300, min_trees=100)
+    cfg = UncertaintyPolicyConfig(target_rate=0.05, window_trees=300, min_trees=100, rule="min_rank")
     judge = UncertaintyJudge()
     rng = random.Random(1)
     for i in range(300):
@@ -100,3 +100,7 @@ def test_best_logprob_rule_tracks_the_target_rate() -> None:
     trees = [(1 + int(rng.expovariate(0.5)), -rng.expovariate(1.0)) for _ in range(3000)]
     cfg = UncertaintyPolicyConfig(target_rate=0.05, window_trees=500, min_trees=100, rule="best_logprob")
     assert rate(cfg, trees) == pytest.approx(0.05, abs=0.02)
+
+
+def test_the_default_rule_leaves_the_leaf_count_out() -> None:
+    assert UncertaintyPolicyConfig().rule == "best_logprob"
