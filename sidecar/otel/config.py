@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -69,6 +70,35 @@ class OtlpReceiverConfig(_Frozen):
         le=300,
         description="Time one request's decoding and derivation may take (in a worker thread, off the event "
         "loop); past it the request gets 429 with Retry-After (over_budget) and nothing of it is produced.",
+    )
+
+    web_config_file: Path | None = Field(
+        None,
+        description="A web-config file in the Prometheus exporter-toolkit format, as for http.scrape: "
+        "tls_server_config (TLS, optionally mutual) and http_server_config.headers. Authentication is "
+        "bearer_token (basic_auth_users are refused here). None: plain HTTP.",
+    )
+    max_connections: int = Field(
+        64,
+        ge=1,
+        le=65_536,
+        description="Open connections. When all are open, the oldest idle one is closed to make room; when "
+        "every one has a request in progress, one more gets 503 (over TLS: is closed) at once.",
+    )
+    max_requests_in_flight: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Requests accepted and not yet answered (waiting their turn, deriving or producing); one "
+        "more gets 503 with Retry-After (busy) before its body is read.",
+    )
+    max_pending_bytes: int = Field(
+        32 * 1_048_576,
+        ge=1024,
+        le=4096 * 1_048_576,
+        description="Bytes of request bodies accepted and not yet answered (as sent; a body's announced "
+        "length, or max_body_bytes when it is chunked); a request that would pass it gets 503 with "
+        "Retry-After (busy) before its body is read. With Kafka down, memory stops growing here.",
     )
 
     @field_validator("bearer_token")

@@ -18,6 +18,7 @@ REASONS: Final = frozenset(
         "unsupported_content_type",
         "too_many_spans",
         "over_budget",
+        "busy",
         # one span
         "content_missing",
         "no_conversation_id",

@@ -61,6 +61,12 @@ class OtelMetrics:
             ["code"],
             registry=registry,
         )
+        self.receiver_connections_refused = Counter(
+            "sidecar_otel_receiver_connections_refused_total",
+            "Connections to the OTLP receiver closed at once because max_connections, each with a request in "
+            "progress, were already open.",
+            registry=registry,
+        )
         self.bridge_records = Counter(
             "sidecar_otel_bridge_records_total",
             "Records taken from the OTLP topic, by outcome (processed, dead_lettered).",

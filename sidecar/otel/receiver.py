@@ -26,6 +26,7 @@ from aiohttp import web
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from sidecar.errors import ConfigError
 from sidecar.lifecycle import Health
 from sidecar.otel.config import OtlpReceiverConfig
 from sidecar.otel.decode import Encoding, decode_request, gunzip
@@ -34,6 +35,9 @@ from sidecar.otel.ingest import Derived, OtelIngest
 from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.producer import KafkaUnavailable, OtelEventProducer
 from sidecar.otel.work import work_for
+from sidecar.telemetry.listener import Listener
+from sidecar.telemetry.web_config import WebConfig, load_web_config
+from sidecar.telemetry.web_safety import extra_headers, security_headers
 
 log = structlog.get_logger(__name__)
 
@@ -61,45 +65,59 @@ class OtlpHttpReceiver:
         self._producer = producer
         self._metrics = metrics
         self._topic = events_topic
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
+        self._listener: Listener | None = None
         # One request derives and produces at a time: the tracker's state then always describes
         # what was acknowledged or forgotten, and per-conversation order is kept on the events topic.
         self._serial = asyncio.Lock()
+        # Admitted and not yet answered: bounded (max_requests_in_flight, max_pending_bytes).
+        self._in_flight = 0
+        self._pending_bytes = 0
+        # Read now: a bad web-config file stops the process before anything is served.
+        self._web = WebConfig() if config.web_config_file is None else load_web_config(config.web_config_file)
+        if self._web.users:
+            raise ConfigError(
+                f"{config.web_config_file}: basic_auth_users are not used by the OTLP receiver; "
+                "authenticate exporters with otel.receiver.bearer_token"
+            )
 
     @property
     def port(self) -> int:
-        if self._port is None:
+        if self._listener is None:
             raise RuntimeError("OtlpHttpReceiver is not started")
-        return self._port
+        return self._listener.port
 
     async def start(self) -> None:
-        if self._runner is not None:
+        if self._listener is not None:
             return
         app = web.Application(client_max_size=self._cfg.max_body_bytes)
         app.router.add_post(PATH, self._handle)
-        # The body is decompressed here, under max_decompressed_bytes, not by the HTTP parser.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self._cfg.host, self._cfg.port, reuse_address=True)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])  # the real port when 0 was asked for
-        log.info("otel.receiver_started", host=self._cfg.host, port=self._port)
+        app.on_response_prepare.append(security_headers)
+        if self._web.headers:
+            app.on_response_prepare.append(extra_headers(self._web.headers))
+        listener = Listener(
+            "otlp",
+            app,
+            self._cfg.host,
+            self._cfg.port,
+            max_connections=self._cfg.max_connections,
+            refused=self._metrics.receiver_connections_refused,
+            ssl_context=None if self._web.tls is None else self._web.tls.ssl_context(),
+            # The body is decompressed here, under max_decompressed_bytes, not by the HTTP parser.
+            auto_decompress=False,
+        )
+        await listener.start()
+        self._listener = listener
+        log.info("otel.receiver_started", host=self._cfg.host, port=listener.port, tls=self._web.tls is not None)
 
     async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        self._port = None
-        if runner is not None:
-            await runner.cleanup()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
             log.info("otel.receiver_stopped")
 
     def health(self) -> Health:
-        return Health("otel-receiver", self._runner is not None, "listening" if self._runner else "not started")
+        listening = self._listener is not None
+        return Health("otel-receiver", listening, "listening" if listening else "not started")
 
     def _answer(self, code: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
         self._metrics.requests.labels(str(code)).inc()
@@ -133,6 +151,20 @@ class OtlpHttpReceiver:
             return self._refused(415, "unsupported_content_type", "Content-Encoding must be gzip or none")
         if request.content_length is not None and request.content_length > self._cfg.max_body_bytes:
             return self._refused(413, "oversized", f"body over {self._cfg.max_body_bytes} bytes")
+        size = self._cfg.max_body_bytes if request.content_length is None else request.content_length
+        if self._in_flight >= self._cfg.max_requests_in_flight:
+            return self._refused(503, "busy", f"{self._in_flight} requests in flight; retry later")
+        if self._pending_bytes + size > self._cfg.max_pending_bytes:
+            return self._refused(503, "busy", f"{self._pending_bytes} bytes waiting to be produced; retry later")
+        self._in_flight += 1
+        self._pending_bytes += size
+        try:
+            return await self._admitted(request, encoding, compression)
+        finally:
+            self._in_flight -= 1
+            self._pending_bytes -= size
+
+    async def _admitted(self, request: web.Request, encoding: Encoding, compression: str) -> web.Response:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:

@@ -60,7 +60,7 @@ from sidecar.telemetry.auth import Authenticator, FailureLimiter
 from sidecar.telemetry.config import Binding, HttpConfig
 from sidecar.telemetry.listener import Listener
 from sidecar.telemetry.web_config import WebConfig, load_web_config
-from sidecar.telemetry.web_safety import NO_STORE, PAGE_HEADERS, security_headers, who_asked
+from sidecar.telemetry.web_safety import NO_STORE, PAGE_HEADERS, extra_headers, security_headers, who_asked
 
 log = structlog.get_logger()
 
@@ -211,7 +211,7 @@ class HttpServer:
         )
         app.on_response_prepare.append(security_headers)
         if web_config.headers:
-            app.on_response_prepare.append(_extra_headers(web_config.headers))
+            app.on_response_prepare.append(extra_headers(web_config.headers))
         if binding.scrape_routes:
             app.router.add_get("/metrics", self._metrics_handler)
             app.router.add_get("/healthz", self._healthz)
@@ -343,17 +343,6 @@ class HttpServer:
             return _page(result)
 
         return handler
-
-
-def _extra_headers(headers: Mapping[str, str]) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
-    """The web-config file's ``http_server_config.headers``, on every response that does not set
-    its own (a page's stricter Content-Security-Policy is never replaced)."""
-
-    async def add(_request: web.Request, response: web.StreamResponse) -> None:
-        for key, value in headers.items():
-            response.headers.setdefault(key, value)
-
-    return add
 
 
 def _page(page: Page, *, text: bool = False) -> web.Response:

@@ -185,6 +185,7 @@ class Listener:
         max_connections: int,
         refused: Counter,
         ssl_context: ssl.SSLContext | None = None,
+        auto_decompress: bool = True,
     ) -> None:
         self.name = name
         self._app = app
@@ -193,6 +194,7 @@ class Listener:
         self._max_connections = max_connections
         self._refused = refused
         self._ssl = ssl_context
+        self._auto_decompress = auto_decompress
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self._port: int | None = None
@@ -217,6 +219,7 @@ class Listener:
             max_line_size=MAX_LINE_BYTES,
             max_field_size=MAX_FIELD_BYTES,
             max_headers=MAX_HEADERS,
+            auto_decompress=self._auto_decompress,
         )
         await runner.setup()
         self._runner = runner

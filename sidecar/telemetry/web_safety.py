@@ -9,6 +9,7 @@ themselves. :func:`who_asked` gives the fields an audit line logs about the clie
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from aiohttp import web
@@ -35,6 +36,17 @@ async def security_headers(_request: web.Request, response: web.StreamResponse) 
         response.headers.setdefault(key, value)
     if response.content_type in _DOCUMENT_TYPES:
         response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+
+
+def extra_headers(headers: Mapping[str, str]) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """The web-config file's ``http_server_config.headers``, on every response that does not set
+    its own (a page's stricter Content-Security-Policy is never replaced)."""
+
+    async def add(_request: web.Request, response: web.StreamResponse) -> None:
+        for key, value in headers.items():
+            response.headers.setdefault(key, value)
+
+    return add
 
 
 def _printable(value: str | None) -> str | None:
