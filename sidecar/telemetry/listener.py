@@ -24,11 +24,14 @@ import asyncio
 import contextlib
 import ssl
 from asyncio import sslproto
+from http import HTTPStatus
 from typing import Any, Final
 
 import structlog
 from aiohttp import web
 from prometheus_client import Counter
+
+from sidecar.telemetry.web_safety import FRAMEWORK_ERROR_HEADERS
 
 log = structlog.get_logger()
 
@@ -106,6 +109,37 @@ class _CountedTls(sslproto.SSLProtocol):
             transport.abort()
 
 
+class _QuietHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering its parser's errors (bytes that are not HTTP, a bad
+    header) with a fixed text and the usual security headers: the request is never echoed, no
+    version banner is sent, and each is logged at debug, not as an error with a traceback."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        del message  # the parser's text quotes the request: never sent back
+        if status >= HTTPStatus.INTERNAL_SERVER_ERROR:
+            log.error("http.internal_error", status=status, error=type(exc).__name__ if exc else None)
+        else:
+            log.debug("http.bad_request", status=status, error=type(exc).__name__ if exc else None)
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was already sent: the connection is closed")
+        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+        response = web.Response(status=status, text=f"{status} {phrase}\n", headers=FRAMEWORK_ERROR_HEADERS)
+        response.force_close()
+        return response
+
+
+def _handler(server: web.Server) -> web.RequestHandler:
+    """A :class:`_QuietHandler` made as ``server()`` makes its own (aiohttp's server keeps the
+    handler's settings in ``_kwargs``)."""
+    return _QuietHandler(server, loop=server._loop, **server._kwargs)
+
+
 def _idle(handler: web.RequestHandler) -> bool:
     """Waiting for a request (or never connected: a TLS handshake not done): safe to close.
 
@@ -165,7 +199,7 @@ class _ConnectionGate:
             self._refused.inc()
             # Over TLS a 503 would first cost a handshake: the connection is closed unanswered.
             return _Refusal() if self._context is None else _Drop()
-        handler = self._server()
+        handler = _handler(self._server)
         conn: object = handler if self._context is None else _CountedTls(handler, self._context, self)
         self._open[conn] = None
         assert isinstance(conn, asyncio.BaseProtocol)

@@ -30,8 +30,16 @@ _DOCUMENT_TYPES: Final = frozenset({"text/html", "image/svg+xml", "application/x
 MAX_LOGGED_HEADER_CHARS: Final = 200
 
 
+# The Server header names the product only: no interpreter or library version to fingerprint.
+SERVER_NAME: Final = "sidecar"
+# aiohttp's own answers to bytes that are not HTTP (its parser's 400s): a fixed text, the request never
+# echoed, with the headers every other response has.
+FRAMEWORK_ERROR_HEADERS: Final = {"Content-Security-Policy": PAGE_CSP, **COMMON_HEADERS, "Server": SERVER_NAME}
+
+
 async def security_headers(_request: web.Request, response: web.StreamResponse) -> None:
     """Every response, aiohttp's own 404/405 included, gets the common headers; documents the CSP."""
+    response.headers["Server"] = SERVER_NAME
     for key, value in COMMON_HEADERS.items():
         response.headers.setdefault(key, value)
     if response.content_type in _DOCUMENT_TYPES:
