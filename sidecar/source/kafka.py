@@ -88,7 +88,7 @@ class KafkaEventSource:
         self.stage = stage or PostScoreStage(on_sink_error=lambda name: metrics.sink_errors.labels(name).inc())
         self.budget = MemoryBudget(state_cfg.max_memory_bytes)
         self.signer = JournalSigner([k.get_secret_value().encode() for k in cfg.journal_signing_keys])
-        self.producer = make_producer(cfg)
+        self.producer = make_producer(cfg, linger_ms=0)
         self.results = KafkaResultsWriter(self.producer, cfg, metrics, self.signer)
         self.dead_letters = KafkaDeadLetterWriter(self.producer, cfg, metrics, self.results.write_health)
         self.journal_reader = JournalReader(cfg)

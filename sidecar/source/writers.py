@@ -64,12 +64,16 @@ class WriteHealth:
 RESULT_BATCH_BYTES = 256 * 1024
 
 
-def make_producer(cfg: KafkaConfig) -> AIOKafkaProducer:
-    """The results, dead-letter and OTel-door producer."""
+def make_producer(cfg: KafkaConfig, *, linger_ms: int = 5) -> AIOKafkaProducer:
+    """The results, dead-letter and OTel-door producer.
+
+    The source's producer lingers 0 ms: its results writer batches by itself, and a lingering
+    batch is sent by the client's own timer, which after a stall of the process can fire before
+    the member fence sees the stall (sidecar/source/fence.py)."""
     return AIOKafkaProducer(
         **client_kwargs(cfg),
         **durable_producer_kwargs(cfg),
-        linger_ms=5,
+        linger_ms=linger_ms,
         max_batch_size=RESULT_BATCH_BYTES,
         max_request_size=max(cfg.max_record_bytes + 65_536, 1_048_576),
     )
