@@ -34,6 +34,13 @@ class ListenerConfig(BaseModel):
         description="A web-config file in the Prometheus exporter-toolkit format (tls_server_config, "
         "basic_auth_users, http_server_config.headers); docs/security.md. None: plain HTTP, no authentication.",
     )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="operator only: serve the conversation-derived routes without credentials on an address "
+        "other than loopback (something else guards the port: a NetworkPolicy, a mesh, a proxy). Without "
+        "it, a listener with neither basic_auth_users nor bearer_token_sha256 serves them on 127.0.0.1, "
+        "::1 or localhost only; docs/security.md.",
+    )
     bearer_token_sha256: tuple[str, ...] = Field(
         (),
         description="Bearer tokens accepted besides the web-config file's users, each as the lowercase hex "
@@ -129,6 +136,10 @@ class HttpConfig(BaseModel):
             raise ValueError(
                 "http.operator.host, web_config_file and bearer_token_sha256 need http.operator.port: without it "
                 "the operator routes share the scrape listener, protected by http.scrape's settings"
+            )
+        if scrape.allow_unauthenticated:
+            raise ValueError(
+                "http.scrape.allow_unauthenticated does not exist: it is http.operator.allow_unauthenticated"
             )
         if shared and not scrape.enabled:
             raise ValueError(

@@ -58,6 +58,7 @@ from sidecar.lifecycle import Health, HealthReporter
 from sidecar.supervision import TASKS_CHECK
 from sidecar.telemetry.auth import Authenticator, FailureLimiter
 from sidecar.telemetry.config import Binding, HttpConfig
+from sidecar.telemetry.exposure import Exposure, ExposureReport, exposure
 from sidecar.telemetry.listener import Listener
 from sidecar.telemetry.web_config import WebConfig, load_web_config
 from sidecar.telemetry.web_safety import NO_STORE, PAGE_HEADERS, extra_headers, security_headers, who_asked
@@ -157,6 +158,7 @@ class HttpServer:
         self._handlers = _BUILTIN | routes.keys() | pages.keys()
         # Web-config files are read now: a bad file stops the process before anything is served.
         limiter = FailureLimiter(config.auth_max_failures, config.auth_failure_window_seconds)
+        self._exposures: list[Exposure] = []
         self._plans: list[tuple[Binding, WebConfig, Authenticator]] = []
         for binding in config.bindings():
             web_config = WebConfig() if binding.web_config_file is None else load_web_config(binding.web_config_file)
@@ -169,6 +171,14 @@ class HttpServer:
                 failures=self._metrics.auth_failures,
             )
             self._plans.append((binding, web_config, auth))
+            if binding.operator_routes and (routes or pages):
+                protected = bool(web_config.users or binding.bearer_token_sha256)
+                allow = config.operator.allow_unauthenticated
+                found = exposure(binding.name, binding.host, binding.port, protected=protected, allow=allow)
+                if found is not None:
+                    self._exposures.append(found)
+        if self._exposures:
+            self._health += (ExposureReport(self._exposures),)
         self._listeners: list[Listener] = []
 
     @property
@@ -188,6 +198,8 @@ class HttpServer:
         """Bind every listener; returns once they listen. Raises OSError if one cannot bind."""
         if self._listeners:
             raise RuntimeError("HttpServer already started")
+        for found in self._exposures:
+            found.warn()
         try:
             for binding, web_config, auth in self._plans:
                 listener = Listener(
@@ -216,7 +228,7 @@ class HttpServer:
             app.router.add_get("/metrics", self._metrics_handler)
             app.router.add_get("/healthz", self._healthz)
             app.router.add_get("/readyz", self._readyz)
-        if binding.operator_routes:
+        if binding.operator_routes and not any(e.listener == binding.name and not e.served for e in self._exposures):
             for name, fn in self._json_routes.items():
                 app.router.add_get(f"/{name}", self._json_handler(name, fn))
             for name, page in self._page_routes.items():
