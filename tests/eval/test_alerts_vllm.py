@@ -65,7 +65,9 @@ def test_replayed_alerts_are_counted_from_the_live_path(tmp_path: Path, bundled_
     summary = json.loads((out / "alerts.json").read_text())
     assert summary["run"]["command"].startswith("sidecar eval-alerts ") and "--rounds 100" in summary["run"]["command"]
     found = summary["outcomes"]
-    assert set(found) == {"STAR disconnect", "tau-bench reward < 1", "truncation (cut = abandoned)"}
+    asked = any(isinstance(r.get("meta", {}).get("user_reported_task_success"), bool) for r in data.values())
+    expected = {"STAR disconnect", "tau-bench reward < 1", "truncation (cut = abandoned)"}
+    assert set(found) == expected | ({"STAR user-reported failure"} if asked else set())
     star = found["STAR disconnect"]["alerters"]
     assert (star["any alert"]["copies"], star["any alert"]["positives"]) == (7, 2)
     for kind in ("uncertain_turn", "conversation_incomplete", "conversation_stalled"):
