@@ -21,7 +21,6 @@ freed by reference counting as it returns, and a later collection finds little l
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import gc
 import threading
 import weakref
@@ -72,8 +71,6 @@ class IngestWork:
 
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
-        # Its own thread, not the loop's shared executor: a long derivation never queues other work.
-        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="otel-derive")
 
     @property
     def busy(self) -> bool:
@@ -85,7 +82,7 @@ class IngestWork:
         """``work()`` in a worker thread once the previous derivation has ended; its result or its
         exception. Over ``budget_seconds`` (or cancelled), raises without waiting for it."""
         await self._lock.acquire()
-        future = asyncio.get_running_loop().run_in_executor(self._thread, _without_gc, work)
+        future = asyncio.get_running_loop().run_in_executor(None, _without_gc, work)
         try:
             done, _ = await asyncio.wait({future}, timeout=budget_seconds)
         except BaseException:
