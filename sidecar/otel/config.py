@@ -85,6 +85,18 @@ class OtlpReceiverConfig(_Frozen):
         description="Open connections. When all are open, the oldest idle one is closed to make room; when "
         "every one has a request in progress, one more gets 503 (over TLS: is closed) at once.",
     )
+    body_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="Time a request body may take to arrive, plus its length at min_body_bytes_per_second; "
+        "past it the request gets 408 (too_slow) and the connection is closed.",
+    )
+    min_body_bytes_per_second: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="The slowest upload rate a body is given time for, on top of body_timeout_seconds.",
+    )
     max_requests_in_flight: int = Field(
         8,
         ge=1,

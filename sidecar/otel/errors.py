@@ -19,6 +19,7 @@ REASONS: Final = frozenset(
         "too_many_spans",
         "over_budget",
         "busy",
+        "too_slow",
         # one span
         "content_missing",
         "no_conversation_id",

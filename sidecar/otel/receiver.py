@@ -8,6 +8,8 @@ Answers (OTLP/HTTP's own rules: 4xx are not retried by exporters, 503 is, after 
 * 400 a payload that cannot be decoded, 401 a missing or wrong bearer token, 413 a body over
   ``max_body_bytes`` (as sent) or ``max_decompressed_bytes`` (after gzip) or with more than
   ``max_spans_per_request`` spans, 415 another content type or encoding;
+* 408 and a closed connection for a body not received within ``body_timeout_seconds`` plus its
+  length at ``min_body_bytes_per_second``;
 * 429 with ``Retry-After`` when decoding and deriving took more than ``max_work_seconds``;
 * 503 with ``Retry-After`` when Kafka does not acknowledge in ``produce_timeout_seconds``.
 
@@ -165,10 +167,18 @@ class OtlpHttpReceiver:
             self._pending_bytes -= size
 
     async def _admitted(self, request: web.Request, encoding: Encoding, compression: str) -> web.Response:
+        # A body must arrive within body_timeout_seconds plus its size at min_body_bytes_per_second.
+        size = self._cfg.max_body_bytes if request.content_length is None else request.content_length
+        allowed = self._cfg.body_timeout_seconds + size / self._cfg.min_body_bytes_per_second
         try:
-            body = await request.read()
+            async with asyncio.timeout(allowed):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._refused(413, "oversized", f"body over {self._cfg.max_body_bytes} bytes")
+        except TimeoutError:
+            response = self._refused(408, "too_slow", f"body not received within {allowed:.1f}s")
+            response.force_close()
+            return response
         async with self._serial:
             try:
                 derived = await work_for(self._ingest).run(

@@ -145,3 +145,29 @@ async def test_bytes_waiting_are_bounded_with_kafka_down(registry: CollectorRegi
     assert busy >= 23  # at most two bodies of this size wait at once
     assert all(a.headers["Retry-After"] == "5" for a in answers)
     assert refused(registry, "busy", "receiver") == busy
+
+
+async def test_a_slow_body_gets_408_and_frees_its_slot(registry: CollectorRegistry) -> None:
+    receiver, _, producer = _receiver(
+        registry, max_requests_in_flight=1, body_timeout_seconds=0.5, min_body_bytes_per_second=1024 * 1024
+    )
+    await receiver.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", receiver.port)
+        writer.write(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+            b"Content-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n" + b"\x0a" * 10
+        )
+        await writer.drain()
+        async with asyncio.timeout(30):
+            answer = await reader.read()  # the server answers and closes
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408 ")
+        assert b"too_slow" in answer
+        async with httpx.AsyncClient(headers={**TOKEN, **PROTO}) as client:
+            ok = await client.post(f"http://127.0.0.1:{receiver.port}/v1/traces", content=payload(1, "after"))
+        assert ok.status_code == 200
+    finally:
+        await receiver.stop()
+    assert refused(registry, "too_slow", "receiver") == 1
+    assert {k for k, _ in producer.acked} == {b"after-0"}
