@@ -97,6 +97,13 @@ class OtlpReceiverConfig(_Frozen):
         ge=1024,
         description="The slowest upload rate a body is given time for, on top of body_timeout_seconds.",
     )
+    keepalive_timeout_seconds: float = Field(
+        15.0,
+        gt=0,
+        le=300,
+        description="A connection waiting for a request (idle between requests, or its headers not finished) "
+        "is closed after this long.",
+    )
     max_requests_in_flight: int = Field(
         8,
         ge=1,

@@ -102,6 +102,7 @@ class OtlpHttpReceiver:
             self._cfg.host,
             self._cfg.port,
             max_connections=self._cfg.max_connections,
+            keepalive_timeout_seconds=self._cfg.keepalive_timeout_seconds,
             refused=self._metrics.receiver_connections_refused,
             ssl_context=None if self._web.tls is None else self._web.tls.ssl_context(),
             # The body is decompressed here, under max_decompressed_bytes, not by the HTTP parser.

@@ -112,6 +112,13 @@ class HttpConfig(BaseModel):
         "but do not gate (an outage of theirs pauses work, it must not stall every rollout). dependencies: "
         "every check gates.",
     )
+    keepalive_timeout_seconds: float = Field(
+        15.0,
+        gt=0,
+        le=300,
+        description="A connection waiting for a request (idle between requests, or its headers not finished) "
+        "is closed after this long: the idle keep-alive and the header read time, one timer.",
+    )
     max_connections: int = Field(
         64,
         ge=1,

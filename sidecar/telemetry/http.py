@@ -208,6 +208,7 @@ class HttpServer:
                     binding.host,
                     binding.port,
                     max_connections=self._config.max_connections,
+                    keepalive_timeout_seconds=self._config.keepalive_timeout_seconds,
                     refused=self._metrics.refused,
                     ssl_context=None if web_config.tls is None else web_config.tls.ssl_context(),
                 )

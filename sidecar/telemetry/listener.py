@@ -41,8 +41,10 @@ log = structlog.get_logger()
 MAX_LINE_BYTES: Final = 8190
 MAX_FIELD_BYTES: Final = 8190
 MAX_HEADERS: Final = 64
-# Idle connections are closed after this long, including ones that never finish sending a request
-# (aiohttp applies it before the first request too, which bounds slow-header clients). Prometheus
+# The default of ``keepalive_timeout_seconds`` (``http.keepalive_timeout_seconds``,
+# ``otel.receiver.keepalive_timeout_seconds``). Idle connections are closed after this long,
+# including ones that never finish sending a request (aiohttp applies it before the first request
+# too, which bounds slow-header clients). Prometheus
 # scrapes every 15-60 s and reconnects cheaply, so holding sockets longer only helps a client
 # that hoards connections.
 KEEPALIVE_TIMEOUT_SECONDS: Final = 15.0
@@ -220,6 +222,7 @@ class Listener:
         refused: Counter,
         ssl_context: ssl.SSLContext | None = None,
         auto_decompress: bool = True,
+        keepalive_timeout_seconds: float | None = None,
     ) -> None:
         self.name = name
         self._app = app
@@ -229,6 +232,7 @@ class Listener:
         self._refused = refused
         self._ssl = ssl_context
         self._auto_decompress = auto_decompress
+        self._keepalive = keepalive_timeout_seconds
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self._port: int | None = None
@@ -248,7 +252,7 @@ class Listener:
             self._app,
             access_log=None,
             handle_signals=False,
-            keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS if self._keepalive is None else self._keepalive,
             lingering_time=LINGERING_SECONDS,
             max_line_size=MAX_LINE_BYTES,
             max_field_size=MAX_FIELD_BYTES,

@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.lifecycle import Health
-from sidecar.telemetry import listener as listener_module
 from sidecar.telemetry.config import HttpConfig
 from sidecar.telemetry.http import HttpServer
 
@@ -353,9 +352,9 @@ async def test_failing_collector_gives_500_and_server_survives() -> None:
         await _still_healthy(srv)
 
 
-async def test_half_sent_requests_are_dropped_after_the_idle_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(listener_module, "KEEPALIVE_TIMEOUT_SECONDS", 0.5)
-    async with HttpServer(_config(), CollectorRegistry(), []) as srv:
+async def test_half_sent_requests_are_dropped_after_the_idle_timeout() -> None:
+    config = HttpConfig(host="127.0.0.1", port=0, keepalive_timeout_seconds=0.5)
+    async with HttpServer(config, CollectorRegistry(), []) as srv:
         for payload in [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\n"]:  # silent; headers never finished
             reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
             writer.write(payload)
