@@ -33,7 +33,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.demo.replay import conversation_events, encode, interleave, load_sample
@@ -66,6 +67,7 @@ async def test_stalled_replicas_write_nothing_twice_when_they_wake(
     tansu: TansuBroker, vllm_server: VllmServer, tmp_path: Path
 ) -> None:
     """On Tansu (``at_least_once``: no idempotent producer, no commit metadata)."""
+    await tansu.create_topics(_topics(), PARTITIONS)
     await _stall(tansu.bootstrap_servers, "at_least_once", vllm_server, tmp_path)
 
 
@@ -75,21 +77,19 @@ async def test_stalled_replicas_write_nothing_twice_on_the_mock_cluster_exactly_
     """On librdkafka's mock cluster with ``exactly_once`` (idempotent producer, commit metadata).
     The transactional second line (KIP-447) is not exercised: aiokafka cannot send it (docs/guarantees.md)."""
     with MockKafkaCluster(1) as kafka:
+        # aiokafka's admin client finds no controller on the mock cluster; librdkafka's does.
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+        for done in admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in _topics()]).values():
+            done.result(30)
         await _stall(kafka.bootstrap_servers, "exactly_once", vllm_server, tmp_path)
 
 
-async def _create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(n, partitions, 1) for n in names])
-    finally:
-        await admin.close()
+def _topics() -> list[str]:
+    return [TOPIC, f"{TOPIC}.results", f"{TOPIC}.dlq", f"{TOPIC}.alerts"]
 
 
 async def _stall(bs: str, guarantee: str, vllm_server: VllmServer, tmp_path: Path) -> None:
     alerts_topic = f"{TOPIC}.alerts"
-    await _create_topics(bs, [TOPIC, f"{TOPIC}.results", f"{TOPIC}.dlq", alerts_topic], PARTITIONS)
     convs = [
         conversation_events(r, agent="shop", conversation_id=f"stall-{i}")
         for i, r in enumerate(load_sample()[:CONVERSATIONS])
@@ -176,8 +176,15 @@ async def _stall(bs: str, guarantee: str, vllm_server: VllmServer, tmp_path: Pat
         name: s.value("sidecar_member_fenced_total", reason="loop_stalled") if s is not None else None
         for name, s in scrapes.items()
     }
+    gaps = [
+        json.loads(line)["gap_seconds"]
+        for r in (leader, other)
+        for line in r.proc.log_path.read_text().splitlines()
+        if '"kafka.member_fenced"' in line and '"gap_seconds"' in line
+    ]
     print(
-        f"stall ({guarantee}): outcomes expected {sum(expected.values())}, lost {len(lost)}, "
+        f"stall ({guarantee}): loop gaps seen on waking {gaps} s, "
+        f"outcomes expected {sum(expected.values())}, lost {len(lost)}, "
         f"repeated {sum(n - 1 for n in repeated.values())}, contradicting {len(contradicting)}, "
         f"alerts {len(alert_ids)} (twice {sum(1 for n in alert_ids.values() if n > 1)}, "
         f"effects pending at the stop {pending_at_stop:g}), "
