@@ -4,6 +4,9 @@ samples below) and turns everything else into a DecodeError with a stable reason
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -249,16 +252,25 @@ def _with_arguments(arguments_json: str) -> bytes:
     return json.dumps(ev(message=None)).replace('"message": null', '"message": ' + message).encode()
 
 
-@pytest.mark.parametrize("depth", [65, 200, 900])
-def test_deeply_nested_tool_arguments_are_refused_not_raised(depth: int) -> None:
-    """Regression: the JSON parser accepts about 1,000 levels, but serialising the arguments
-    canonically recursed past Python's limit: a RecursionError escaped the decoder (one record
-    of 6 KB stopped the partition, and again after every restart)."""
-    value = _with_arguments('{"a": ' * depth + "1" + "}" * depth)
-    with pytest.raises(DecodeError) as info:
-        decode_event(value, b"conv-1", max_bytes=LIMIT)
-    assert info.value.reason == "schema"
-    assert "arguments" in info.value.detail
+def _nested(frames: int, fn: Callable[[], object]) -> object:
+    return fn() if frames == 0 else _nested(frames - 1, fn)
+
+
+@pytest.mark.parametrize("frames", [0, 100, 400])
+def test_deeply_nested_tool_arguments_are_refused_not_raised(frames: int) -> None:
+    """Regression: the JSON parser and the canonical serialisation of the arguments both count
+    against Python's recursion limit, the serialisation a few levels more: at the depths in
+    between (which ones depends on the caller's stack), a RecursionError escaped the decoder and
+    ended the sidecar, again after every restart. Every depth, called from any stack depth."""
+    reasons = Counter[str]()
+    for depth in range(65, 1001):
+        value = _with_arguments('{"a": ' * depth + "1" + "}" * depth)
+        with pytest.raises(DecodeError) as info:
+            _nested(frames, partial(decode_event, value, b"conv-1", max_bytes=LIMIT))
+        reasons[info.value.reason] += 1
+        if info.value.reason == "schema":
+            assert "arguments" in info.value.detail
+    assert set(reasons) <= {"schema", "invalid_json"} and reasons["schema"] > 0
 
 
 def test_tool_arguments_up_to_the_depth_limit_are_kept() -> None:
