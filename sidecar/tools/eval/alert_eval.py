@@ -28,8 +28,8 @@ from sidecar.tools.eval.alert_metrics import (
     baselines,
     earliness,
     evaluate,
+    gap_to_baseline,
     matched,
-    precision_gap,
 )
 from sidecar.tools.eval.replay import Copy, Recorded, Replay
 
@@ -159,7 +159,7 @@ def summarize(
             row = evaluate(table, recorded, rounds=rounds, seed=seed)
             base = baselines(mine, row["alerts"], seed)
             row["baselines"] = {b: evaluate(table, alerts_b, rounds=rounds, seed=seed) for b, alerts_b in base.items()}
-            row["precision_minus_length"] = precision_gap(table, recorded, base["length"], rounds=rounds, seed=seed)
+            row["precision_minus_length"] = gap_to_baseline(table, recorded, base["length"], rounds=rounds, seed=seed)
             rows[kind] = row
             curves[kind] = earliness(table, recorded)
             if kind == ANY:

@@ -91,7 +91,7 @@ def arrays(table: Table, alerts: Sequence[Recorded], *, until: float | None = No
     return Arrays(count > 0, count, lead_t, lead_m)
 
 
-def _prf(table: Table, arr: Arrays, idx: npt.NDArray[np.intp]) -> tuple[float | None, float | None, float | None]:
+def _ratios(table: Table, arr: Arrays, idx: npt.NDArray[np.intp]) -> tuple[float | None, float | None, float | None]:
     pos, flag = table.positive[idx], arr.flagged[idx]
     tp = int(np.sum(pos & flag))
     return precision_recall_f1(tp, int(np.sum(~pos & flag)), int(np.sum(pos & ~flag)))
@@ -118,7 +118,7 @@ def evaluate(table: Table, alerts: Sequence[Recorded], *, rounds: int = 1000, se
     """Every figure of one alerter on one outcome, with 95 % intervals over conversations."""
     arr = arrays(table, alerts)
     every = np.arange(len(table.ids))
-    p, r, f1 = _prf(table, arr, every)
+    p, r, f1 = _ratios(table, arr, every)
     n_alerts = int(arr.alerts.sum())
     on_pos = int(arr.alerts[table.positive].sum())
     turns = int(table.turns.sum())
@@ -142,22 +142,22 @@ def evaluate(table: Table, alerts: Sequence[Recorded], *, rounds: int = 1000, se
         "median_lead_user_turns": _median_lead(table, arr, every),
         "median_lead_messages": _median_lead(table, arr, every, "messages"),
         "ci": {
-            "precision": boot(lambda i: _prf(table, arr, i)[0]),
-            "recall": boot(lambda i: _prf(table, arr, i)[1]),
-            "f1": boot(lambda i: _prf(table, arr, i)[2]),
+            "precision": boot(lambda i: _ratios(table, arr, i)[0]),
+            "recall": boot(lambda i: _ratios(table, arr, i)[1]),
+            "f1": boot(lambda i: _ratios(table, arr, i)[2]),
             "median_lead_user_turns": boot(lambda i: _median_lead(table, arr, i)),
         },
     }
 
 
-def precision_gap(
+def gap_to_baseline(
     table: Table, alerts: Sequence[Recorded], baseline: Sequence[Recorded], *, rounds: int = 1000, seed: int = 0
 ) -> dict[str, Any]:
     """Precision of ``alerts`` minus the baseline's, paired over the same bootstrap draws."""
     a, b = arrays(table, alerts), arrays(table, baseline)
 
     def diff(i: npt.NDArray[np.intp]) -> float | None:
-        pa, pb = _prf(table, a, i)[0], _prf(table, b, i)[0]
+        pa, pb = _ratios(table, a, i)[0], _ratios(table, b, i)[0]
         return None if pa is None or pb is None else pa - pb
 
     whole = diff(np.arange(len(table.ids)))
@@ -169,7 +169,7 @@ def earliness(table: Table, alerts: Sequence[Recorded]) -> list[dict[str, Any]]:
     out = []
     for frac in EARLINESS:
         arr = arrays(table, alerts, until=frac)
-        p, r, f1 = _prf(table, arr, np.arange(len(table.ids)))
+        p, r, f1 = _ratios(table, arr, np.arange(len(table.ids)))
         out.append({"fraction": frac, "precision": _r(p), "recall": _r(r), "f1": _r(f1)})
     return out
 
