@@ -181,4 +181,3 @@ async def test_multi_member_gzip_delivers_every_member_and_trailing_bytes_are_40
     assert "invalid_gzip" in answer.text
     assert refused(registry, "invalid_gzip", "receiver") == 1
     assert b"m-3" not in {k for k, _ in producer.acked}
-
