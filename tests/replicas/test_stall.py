@@ -87,6 +87,18 @@ async def test_stalled_replicas_write_nothing_twice_on_the_mock_cluster_exactly_
         await _stall(kafka.bootstrap_servers, "exactly_once", counts.pop(), vllm_server, tmp_path)
 
 
+async def _everyone_owns(fleet: Fleet, within: float) -> dict[str, set[int]]:
+    """Settled with every replica owning a partition. ``settled`` alone can return while a replica
+    has not joined yet (one member then owns everything), and the stall needs a second owner."""
+    deadline = asyncio.get_running_loop().time() + within
+    owned = await fleet.settled(within)
+    while not all(owned.values()) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(1)
+        owned = await fleet.settled(within)
+    assert all(owned.values()), f"a replica owns no partition: {owned}"
+    return owned
+
+
 def _topics() -> list[str]:
     return [TOPIC, f"{TOPIC}.results", f"{TOPIC}.dlq", f"{TOPIC}.alerts"]
 
@@ -119,7 +131,7 @@ async def _stall(bs: str, guarantee: str, partitions: int, vllm_server: VllmServ
     try:
         for name in ("a", "b", "c"):
             fleet.start(name)
-        owned = await fleet.settled(180)
+        owned = await _everyone_owns(fleet, 180)
         leader = next(fleet.replicas[n] for n, parts in owned.items() if 0 in parts)
         other = next(fleet.replicas[n] for n, parts in owned.items() if n != leader.name and parts)
         await produce_raw(bs, TOPIC, one)
