@@ -32,6 +32,7 @@ from sidecar.lifecycle import Health
 from sidecar.source.capabilities import BrokerCapabilities
 from sidecar.source.config import KafkaConfig
 from sidecar.source.fence import FenceReason, MemberFence, group_term, request_rejoin, watchdog
+from sidecar.source.group_errors import survivable_group_error
 from sidecar.source.journal_entry import JournalSigner
 from sidecar.source.recovery import JournalReader
 from sidecar.source.results import KafkaResultsWriter
@@ -145,7 +146,13 @@ class KafkaEventSource:
         await self.producer.start()
         await self.journal_reader.start()
         self.consumer.subscribe([self.cfg.topic], listener=_Listener(self))
-        await self.consumer.start()
+        try:
+            await self.consumer.start()
+        except KafkaError as exc:
+            if not survivable_group_error(exc):
+                raise
+            # Joined, not yet assigned: the coordinator rejoins; run() takes what it assigns.
+            log.warning("kafka.group_error", error=str(exc), during="start")
 
     async def run(self) -> None:
         """Fetch, process and commit until cancelled."""
@@ -320,6 +327,12 @@ class KafkaEventSource:
                 )
             except UNREADABLE_ERRORS as exc:
                 await self._isolate_unreadable(exc)
+                continue
+            except KafkaError as exc:
+                if not survivable_group_error(exc):
+                    raise
+                # Seen once; the next getmany() waits for records (no spin) while it rejoins.
+                log.warning("kafka.group_error", error=str(exc), during="poll")
                 continue
             self._deliver(batches)
 

@@ -92,11 +92,17 @@ async def _everyone_owns(fleet: Fleet, within: float) -> dict[str, set[int]]:
     has not joined yet (one member then owns everything), and the stall needs a second owner."""
     deadline = asyncio.get_running_loop().time() + within
     owned = await fleet.settled(within)
-    while not all(owned.values()) and asyncio.get_running_loop().time() < deadline:
+    while not _all_own(fleet, owned) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(1)
         owned = await fleet.settled(within)
-    assert all(owned.values()), f"a replica owns no partition: {owned}"
+    dead = {n: r.proc.log_path.read_text()[-3000:] for n, r in fleet.replicas.items() if not r.proc.alive()}
+    assert not dead, f"replicas exited before the stall: {dead}"
+    assert _all_own(fleet, owned), f"a replica owns no partition: {owned}"
     return owned
+
+
+def _all_own(fleet: Fleet, owned: dict[str, set[int]]) -> bool:
+    return set(owned) == set(fleet.replicas) and all(owned.values())
 
 
 def _topics() -> list[str]:
