@@ -272,6 +272,49 @@ class CompletionConfig(BaseModel):
     )
 
 
+class TreeGateConfig(BaseModel):
+    """Grow a response tree only where a cheap first signal says the turn may be uncertain (gate.py)."""
+
+    model_config = _frozen
+
+    mode: Literal["off", "cheap_signal"] = Field(
+        "off",
+        description="off: every scored user turn gets a full tree. cheap_signal: the tree's first request (the "
+        "greedy branch, at most probe_tokens of it) is sent alone, and the rest of the tree grows only when its "
+        "logprob is among the agent's lowest grow_share; otherwise the outcome is that one branch (grown: false). "
+        "The greedy branch's logprob bounds the best branch's from below, so confident turns are not the ones the "
+        "best_logprob uncertainty rule flags.",
+    )
+    grow_share: float = Field(
+        0.3,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="cheap_signal: the share of an agent's turns that get a full tree (those with the lowest probe "
+        "logprob, relative to the agent's last `window` probes). Keep it several times "
+        "alerting.policy.uncertainty.target_rate; measured in docs/scoring.md, 'Trees where they matter'.",
+    )
+    probe_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="cheap_signal: how much of the greedy branch the probe generates; None: all of it (up to "
+        "max_depth_tokens), which makes its logprob a lower bound of the best complete branch's.",
+    )
+    window: int = Field(
+        500, ge=20, le=100_000, description="cheap_signal: how many of an agent's most recent probes the ranks use."
+    )
+    min_signals: int = Field(
+        50, ge=1, description="cheap_signal: every tree grows until the agent has this many probes."
+    )
+
+    @model_validator(mode="after")
+    def _window_holds_min(self) -> TreeGateConfig:
+        if self.min_signals > self.window:
+            raise ValueError("tree.gate.min_signals must not exceed tree.gate.window")
+        return self
+
+
 class TreeConfig(BaseModel):
     """The response tree (paper Section 4.3, Appendix B.3)."""
 
@@ -309,6 +352,7 @@ class TreeConfig(BaseModel):
     include_text_in_outcome: bool = Field(
         False, description="Put the most probable branch text in outcomes: off by default."
     )
+    gate: TreeGateConfig = Field(default_factory=TreeGateConfig)
 
     def top_k(self, max_logprobs: int) -> int:
         """K = min(max_logprobs, ceil(1/alpha)): enough alternatives for an exact expansion."""

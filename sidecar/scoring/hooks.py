@@ -39,11 +39,13 @@ from sidecar.scoring.client import LLMClient
 from sidecar.scoring.completion import CompletionScore, with_threshold
 from sidecar.scoring.config import AgentConfig, ScoringConfig
 from sidecar.scoring.drift import DriftTracker
+from sidecar.scoring.gate import GateDecision, TreeGate, probe_signal
 from sidecar.scoring.metrics import ScoringMetrics
 from sidecar.scoring.prompts import PromptTooLong
 from sidecar.scoring.routes import LiveRoutes
 from sidecar.scoring.schedule import LruCache, Slots, TokenBucket, sampled, until_available
-from sidecar.scoring.scorers import Scorers, failure_reason
+from sidecar.scoring.scorers import Scorers, TreeRequest, failure_reason
+from sidecar.scoring.tree import ResponseTree
 from sidecar.scoring.trust import AdapterTrust
 from sidecar.telemetry.labels import AgentLabels
 from sidecar.transcript.model import Message, prefix_through_turn
@@ -91,6 +93,7 @@ class ScoringHooks:
         self._slots: dict[str, Slots] = {}
         self._latest_turn: LruCache[str, int] = LruCache(_LATEST_TURNS)
         self._verdicts: LruCache[tuple[str, int, str], CompletionScore] = LruCache(_CACHE_SIZE)
+        self.gate = TreeGate(self.config.tree.gate)
 
     @classmethod
     def from_config(
@@ -344,9 +347,11 @@ class ScoringHooks:
             if tc.max_staleness_seconds and seen is not None and time.time() - seen > tc.max_staleness_seconds:
                 return self._skip("tree", label, "stale")
             request = await self.scorers.tree_request(self._messages(ctx), self.scorers.tree_model(ctx.agent))
-            tree = await self._until_available("tree", request.expand)
+            tree, decision = await self._gated_tree(request, label)
             bucket.spend(tree.generated_tokens)
             stats = tree.stats()
+            if decision is not None:
+                stats["gate"] = decision.decision
             best = stats["max_logprob"]
             self.metrics.tree_leaves.labels(label).observe(tree.leaves)
             self.metrics.tree_tokens.labels(label).observe(tree.generated_tokens)
@@ -364,3 +369,19 @@ class ScoringHooks:
             return Scored(out, [replace(event, provenance=provenance)])
 
         return self._guard("tree", label, work)
+
+    async def _gated_tree(self, request: TreeRequest, label: str) -> tuple[ResponseTree, GateDecision | None]:
+        """The tree, through the gate when it is on (its decision too: None when off)."""
+        if not self.gate.enabled:
+            return await self._until_available("tree", request.expand), None
+        decided: list[GateDecision] = []
+
+        def grow(probed: ResponseTree) -> bool:
+            # A retry after an outage probes again: the decision of the attempt that finished counts.
+            decided.append(self.gate.decide(label, probe_signal(probed)))
+            return decided[-1].grow
+
+        probe = self.config.tree.gate.probe_tokens
+        tree = await self._until_available("tree", lambda: request.expand(probe_tokens=probe, grow=grow))
+        self.metrics.tree_gate.labels(label, decided[-1].decision).inc()
+        return tree, decided[-1]

@@ -64,6 +64,14 @@ class ScoringMetrics:
             ["agent", "limit"],
             registry=registry,
         )
+        self.tree_gate = Counter(
+            "sidecar_tree_gate_total",
+            "Response trees through the tree gate (scoring.tree.gate), by decision: grown_uncertain (the probe's "
+            "logprob among the agent's lowest grow_share), grown_warming_up (too few probes yet), skipped_confident "
+            "(the probe's greedy branch is the outcome).",
+            ["agent", "decision"],
+            registry=registry,
+        )
         self.completion_requests = Histogram(
             "sidecar_completion_requests",
             "vLLM requests one completion verdict took (1 with exact logprob requests; 2-3 when the end tag "

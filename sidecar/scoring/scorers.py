@@ -78,8 +78,12 @@ class TreeRequest:
     prompt: list[int]
     turns_dropped: int
 
-    async def expand(self) -> ResponseTree:
-        return await self.expander.expand(self.model, self.prompt)
+    async def expand(
+        self, *, probe_tokens: int | None = None, grow: Callable[[ResponseTree], bool] | None = None
+    ) -> ResponseTree:
+        """The tree; with ``grow``, a probe first and the rest only if ``grow(tree)`` says so
+        (:meth:`~sidecar.scoring.tree.TreeExpander.expand`)."""
+        return await self.expander.expand(self.model, self.prompt, probe_tokens=probe_tokens, grow=grow)
 
 
 class Scorers:

@@ -51,7 +51,7 @@ class Branch:
     parent: int | None
     split: int
     complete: bool = False
-    truncated: str | None = None  # "depth" | "budget"
+    truncated: str | None = None  # "depth" | "budget" | "gate"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +74,7 @@ class ResponseTree:
     requests: int = 0
     generated_tokens: int = 0
     budget_hit: str | None = None  # which limit truncated the tree, if any
+    grown: bool = True  # False: a gate kept it to its probe (the greedy branch), see expand()
 
     @property
     def leaves(self) -> int:
@@ -107,6 +108,7 @@ class ResponseTree:
             "generated_tokens": self.generated_tokens,
             "distinct_tokens": self.distinct_tokens,
             "budget_hit": self.budget_hit,
+            "grown": self.grown,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -160,31 +162,64 @@ class TreeExpander:
                 return i
         return None
 
-    async def expand(self, model: str, prompt: Sequence[int]) -> ResponseTree:
-        """Expand the tree of ``prompt`` on served model ``model``."""
+    async def expand(
+        self,
+        model: str,
+        prompt: Sequence[int],
+        *,
+        probe_tokens: int | None = None,
+        grow: Callable[[ResponseTree], bool] | None = None,
+    ) -> ResponseTree:
+        """Expand the tree of ``prompt`` on served model ``model``.
+
+        With ``grow``, the first request (the greedy branch from the root, at most ``probe_tokens``
+        of it; ``None``: the whole depth) is a probe: ``grow(tree)`` then sees the tree so far (the
+        root branch and the alternatives found along it) and decides whether to expand the rest.
+        Nothing is generated twice: a grown tree continues from the probe, and is the same tree as
+        without one (one request more when the probe stopped short of the depth, and budget cuts may
+        fall on other branches). A tree not grown keeps what the probe saw, ``grown`` False, its pending
+        branches truncated ``"gate"``.
+        """
         tree = ResponseTree(alpha=self.alpha, top_k=self.top_k)
         tree.branches.append(Branch(tokens=[], logprob=0.0, parent=None, split=0))
-        pending = [_Pending(0, self.budget.max_depth_tokens)]
+        depth = self.budget.max_depth_tokens
         prompt = list(prompt)
+        if grow is None:
+            pending = [_Pending(0, depth)]
+        else:
+            first = depth if probe_tokens is None else max(1, min(probe_tokens, depth))
+            pending = await self._level(tree, model, prompt, [_Pending(0, first)], probe=True)
+            if not grow(tree):
+                tree.grown = False
+                for p in pending:
+                    tree.branches[p.branch].truncated = "gate"
+                return tree
         while pending:
-            # Most probable first, so a budget cut drops the least probable branches.
-            pending.sort(key=lambda p: -tree.branches[p.branch].logprob)
-            groups: dict[int, list[_Pending]] = {}
-            for p in pending:
-                groups.setdefault(p.max_tokens, []).append(p)
-            pending = []
-            reserved = 0
-            calls = []
-            for max_tokens, group in groups.items():
-                planned = self._plan(tree, max_tokens, group, reserved)
-                if planned is not None:
-                    reserved += planned[0] * len(planned[1])
-                    calls.append(self._request(tree, model, prompt, *planned))
-            # One level's requests run together: vLLM batches them (one request cannot carry
-            # per-prompt max_tokens, so branches of different remaining depth go separately).
-            for new in await all_or_nothing(calls):
-                pending.extend(new)
+            pending = await self._level(tree, model, prompt, pending)
         return tree
+
+    async def _level(
+        self, tree: ResponseTree, model: str, prompt: list[int], pending: list[_Pending], *, probe: bool = False
+    ) -> list[_Pending]:
+        """One level: the pending branches' requests, run together; returns the next level."""
+        # Most probable first, so a budget cut drops the least probable branches.
+        pending.sort(key=lambda p: -tree.branches[p.branch].logprob)
+        groups: dict[int, list[_Pending]] = {}
+        for p in pending:
+            groups.setdefault(p.max_tokens, []).append(p)
+        reserved = 0
+        calls = []
+        for max_tokens, group in groups.items():
+            planned = self._plan(tree, max_tokens, group, reserved)
+            if planned is not None:
+                reserved += planned[0] * len(planned[1])
+                calls.append(self._request(tree, model, prompt, *planned, probe=probe))
+        # One level's requests run together: vLLM batches them (one request cannot carry
+        # per-prompt max_tokens, so branches of different remaining depth go separately).
+        out: list[_Pending] = []
+        for new in await all_or_nothing(calls):
+            out.extend(new)
+        return out
 
     def _plan(
         self, tree: ResponseTree, max_tokens: int, group: list[_Pending], reserved: int
@@ -208,7 +243,14 @@ class TreeExpander:
         return max_tokens, group
 
     async def _request(
-        self, tree: ResponseTree, model: str, prompt: list[int], max_tokens: int, group: list[_Pending]
+        self,
+        tree: ResponseTree,
+        model: str,
+        prompt: list[int],
+        max_tokens: int,
+        group: list[_Pending],
+        *,
+        probe: bool = False,
     ) -> list[_Pending]:
         """One batched request for ``group``; absorbs the results, returns branches to expand."""
         prompts = [prompt + tree.branches[p.branch].tokens for p in group]
@@ -218,7 +260,7 @@ class TreeExpander:
         new: list[_Pending] = []
         for p, choice in zip(group, choices, strict=True):
             tree.generated_tokens += len(choice.token_ids)
-            new.extend(self._absorb(tree, p.branch, choice, max_tokens))
+            new.extend(self._absorb(tree, p.branch, choice, max_tokens, probe=probe))
         return new
 
     def _truncate(self, tree: ResponseTree, group: Sequence[_Pending], why: str) -> None:
@@ -252,8 +294,11 @@ class TreeExpander:
             return None
         return _Pending(len(tree.branches) - 1, self.budget.max_depth_tokens - len(tokens))
 
-    def _absorb(self, tree: ResponseTree, index: int, choice: GeneratedChoice, requested: int) -> list[_Pending]:
-        """Append a generation to branch ``index``; return the new branches to expand."""
+    def _absorb(
+        self, tree: ResponseTree, index: int, choice: GeneratedChoice, requested: int, *, probe: bool = False
+    ) -> list[_Pending]:
+        """Append a generation to branch ``index``; return the new branches to expand (with ``probe``,
+        a branch stopped at the probe's length is one of them: it continues to the depth)."""
         branch = tree.branches[index]
         tokens = choice.token_ids
         cut, branch.complete = self._end(branch, tokens)
@@ -274,6 +319,8 @@ class TreeExpander:
             elif cut < requested:
                 # vLLM stopped early for a reason of its own (e.g. max_model_len): an end.
                 branch.complete = True
+            elif probe:
+                new.append(_Pending(index, self.budget.max_depth_tokens - len(branch.tokens)))
             else:
                 branch.truncated = "budget"
                 tree.budget_hit = tree.budget_hit or "tokens"
