@@ -127,11 +127,31 @@ class HttpConfig(BaseModel):
         "progress) is closed to make room; when every one has a request in progress, one more gets 503 (over "
         "TLS: is closed) at once.",
     )
+    max_requests_in_flight: int | None = Field(
+        None,
+        ge=1,
+        le=65_535,
+        description="Requests in progress per listener, /healthz and /readyz not counted; one more gets 503 "
+        "with Retry-After: 1 before its body is read. Must be below max_connections, so that requests in "
+        "progress never hold every connection and the probes always get one. None: half of max_connections.",
+    )
 
     @model_validator(mode="after")
     def _listeners(self) -> Self:
+        if self.max_requests_in_flight is not None and self.max_requests_in_flight >= self.max_connections:
+            raise ValueError(
+                f"http.max_requests_in_flight ({self.max_requests_in_flight}) must be below http.max_connections "
+                f"({self.max_connections}): the connections left over are what /healthz and /readyz answer on"
+            )
         self.bindings()
         return self
+
+    @property
+    def requests_in_flight_limit(self) -> int:
+        """``max_requests_in_flight``, or half of ``max_connections`` (at least 1) when unset."""
+        if self.max_requests_in_flight is not None:
+            return self.max_requests_in_flight
+        return max(1, self.max_connections // 2)
 
     def bindings(self) -> list[Binding]:
         """The sockets to open, scrape first; ValueError saying what to change when they conflict."""

@@ -36,7 +36,9 @@ limits (:mod:`sidecar.telemetry.listener`), unparseable bytes get a 400 and a cl
 at ``max_connections`` the oldest idle connection is closed to make room for a new one (idle, slow
 or hoarded connections cannot lock the probes out) and only when every connection has a request in
 progress does one more get a 503 at once (counted in ``sidecar_http_connections_refused_total``),
-and failed authentications are counted and limited per client address.
+past ``max_requests_in_flight`` requests in progress one more gets 503 with ``Retry-After`` while
+``/healthz`` and ``/readyz`` keep answering (:mod:`sidecar.telemetry.inflight`), and failed
+authentications are counted and limited per client address.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from sidecar.supervision import TASKS_CHECK
 from sidecar.telemetry.auth import Authenticator, FailureLimiter
 from sidecar.telemetry.config import Binding, HttpConfig
 from sidecar.telemetry.exposure import Exposure, ExposureReport, exposure
+from sidecar.telemetry.inflight import IN_FLIGHT, RequestsInFlight, busy
 from sidecar.telemetry.listener import Listener
 from sidecar.telemetry.web_config import WebConfig, load_web_config
 from sidecar.telemetry.web_safety import NO_STORE, PAGE_HEADERS, extra_headers, security_headers, who_asked
@@ -222,6 +225,7 @@ class HttpServer:
         app = web.Application(
             client_max_size=self._config.max_request_bytes, middlewares=[self._guard, auth.middleware]
         )
+        app[IN_FLIGHT] = RequestsInFlight(self._config.requests_in_flight_limit)
         app.on_response_prepare.append(security_headers)
         if web_config.headers:
             app.on_response_prepare.append(extra_headers(web_config.headers))
@@ -265,12 +269,22 @@ class HttpServer:
             head = name.split("/", 1)[0]
             name = head if head in self._page_routes and self._page_routes[head].param is not None else ""
         label = name if name in self._handlers else "other"
+        # The probes are not counted in flight and take no body: they answer at once (inflight.py).
+        probe = request.path in _HEALTH_PATHS
+        gate = request.app[IN_FLIGHT]
+        counted = not probe and gate.try_enter()
         try:
-            try:
-                async with asyncio.timeout(self._config.request_timeout_seconds):
-                    refusal = await self._check_body(request)
-            except TimeoutError:
-                refusal = _refuse(408, "request body not received in time")
+            refusal: web.StreamResponse | None
+            if probe:
+                refusal = _refuse(413, "the probes take no request body") if request.body_exists else None
+            elif not counted:
+                refusal = busy()
+            else:
+                try:
+                    async with asyncio.timeout(self._config.request_timeout_seconds):
+                        refusal = await self._check_body(request)
+                except TimeoutError:
+                    refusal = _refuse(408, "request body not received in time")
             response = refusal or await handler(request)
         except web.HTTPException as exc:
             self._metrics.requests.labels(label, str(exc.status)).inc()
@@ -278,6 +292,9 @@ class HttpServer:
         except Exception:
             self._metrics.requests.labels(label, "500").inc()  # aiohttp answers 500 for it
             raise
+        finally:
+            if counted:
+                gate.leave()
         self._metrics.requests.labels(label, str(response.status)).inc()
         return response
 

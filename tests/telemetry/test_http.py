@@ -227,9 +227,12 @@ async def test_body_over_limit_is_413(server: HttpServer) -> None:
             assert r.status == 413
         async with s.get(_url(server, "/healthz"), data=b"x" * (LIMIT + 1)) as r:
             assert r.status == 413
-        # At the limit it is not the size that is refused.
-        async with s.get(_url(server, "/healthz"), data=b"x" * LIMIT) as r:
+        # At the limit it is not the size that is refused, but a probe takes no body at all: it is
+        # answered at once, never waiting for one (test_requests_in_flight.py).
+        async with s.get(_url(server, "/metrics"), data=b"x" * LIMIT) as r:
             assert r.status == 200
+        async with s.get(_url(server, "/healthz"), data=b"x") as r:
+            assert r.status == 413
 
 
 async def test_announced_length_over_limit_is_413_without_reading_body(server: HttpServer) -> None:
@@ -367,7 +370,7 @@ async def test_slowly_sent_body_gets_408_and_a_closed_connection(registry: Colle
     config = HttpConfig(host="127.0.0.1", port=0, max_request_bytes=LIMIT, request_timeout_seconds=0.5)
     async with HttpServer(config, registry, []) as srv:
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
-        writer.write(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
+        writer.write(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         async with asyncio.timeout(10):
@@ -378,7 +381,7 @@ async def test_slowly_sent_body_gets_408_and_a_closed_connection(registry: Colle
         assert loop.time() - t0 < 5
         writer.close()
         await _still_healthy(srv)
-    assert registry.get_sample_value("sidecar_http_requests_total", {"handler": "healthz", "code": "408"}) == 1.0
+    assert registry.get_sample_value("sidecar_http_requests_total", {"handler": "metrics", "code": "408"}) == 1.0
 
 
 async def _busy(srv: HttpServer, n: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
