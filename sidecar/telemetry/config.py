@@ -36,10 +36,11 @@ class ListenerConfig(BaseModel):
     )
     allow_unauthenticated: bool = Field(
         False,
-        description="operator only: serve the conversation-derived routes without credentials on an address "
-        "other than loopback (something else guards the port: a NetworkPolicy, a mesh, a proxy). Without "
-        "it, a listener with neither basic_auth_users nor bearer_token_sha256 serves them on 127.0.0.1, "
-        "::1 or localhost only; docs/security.md.",
+        description="Serve conversation-derived data without credentials on an address other than loopback "
+        "(something else guards the port: a NetworkPolicy, a mesh, a proxy). operator: the conversation-derived "
+        "routes; scrape: the goal names on /metrics (sidecar_goal_info's name label). Without it, a listener "
+        "with neither basic_auth_users nor bearer_token_sha256 serves them on 127.0.0.1, ::1 or localhost only "
+        "(/metrics then with empty goal names); docs/security.md.",
     )
     bearer_token_sha256: tuple[str, ...] = Field(
         (),
@@ -163,10 +164,6 @@ class HttpConfig(BaseModel):
             raise ValueError(
                 "http.operator.host, web_config_file and bearer_token_sha256 need http.operator.port: without it "
                 "the operator routes share the scrape listener, protected by http.scrape's settings"
-            )
-        if scrape.allow_unauthenticated:
-            raise ValueError(
-                "http.scrape.allow_unauthenticated does not exist: it is http.operator.allow_unauthenticated"
             )
         if shared and not scrape.enabled:
             raise ValueError(

@@ -60,7 +60,14 @@ from sidecar.lifecycle import Health, HealthReporter
 from sidecar.supervision import TASKS_CHECK
 from sidecar.telemetry.auth import Authenticator, FailureLimiter
 from sidecar.telemetry.config import Binding, HttpConfig
-from sidecar.telemetry.exposure import Exposure, ExposureReport, exposure
+from sidecar.telemetry.exposure import (
+    Exposure,
+    ExposureReport,
+    RedactedRegistry,
+    exposure,
+    goal_names_exposure,
+    serves_conversation_labels,
+)
 from sidecar.telemetry.inflight import IN_FLIGHT, RequestsInFlight, busy
 from sidecar.telemetry.listener import Listener
 from sidecar.telemetry.web_config import WebConfig, load_web_config
@@ -162,6 +169,7 @@ class HttpServer:
         # Web-config files are read now: a bad file stops the process before anything is served.
         limiter = FailureLimiter(config.auth_max_failures, config.auth_failure_window_seconds)
         self._exposures: list[Exposure] = []
+        goal_names = serves_conversation_labels(registry)  # withheld like the operator routes (exposure.py)
         self._plans: list[tuple[Binding, WebConfig, Authenticator]] = []
         for binding in config.bindings():
             web_config = WebConfig() if binding.web_config_file is None else load_web_config(binding.web_config_file)
@@ -174,6 +182,9 @@ class HttpServer:
                 failures=self._metrics.auth_failures,
             )
             self._plans.append((binding, web_config, auth))
+            guarded = bool(web_config.users or binding.bearer_token_sha256)
+            named = goal_names_exposure(config, binding, protected=guarded) if goal_names else None
+            self._exposures.extend([named] if named is not None else [])
             if binding.operator_routes and (routes or pages):
                 protected = bool(web_config.users or binding.bearer_token_sha256)
                 allow = config.operator.allow_unauthenticated
@@ -182,6 +193,8 @@ class HttpServer:
                     self._exposures.append(found)
         if self._exposures:
             self._health += (ExposureReport(self._exposures),)
+        withhold = any(e.what == "goal_names" and not e.served for e in self._exposures)
+        self._exposition = RedactedRegistry(registry) if withhold else registry
         self._listeners: list[Listener] = []
 
     @property
@@ -233,7 +246,8 @@ class HttpServer:
             app.router.add_get("/metrics", self._metrics_handler)
             app.router.add_get("/healthz", self._healthz)
             app.router.add_get("/readyz", self._readyz)
-        if binding.operator_routes and not any(e.listener == binding.name and not e.served for e in self._exposures):
+        withheld = any(e.listener == binding.name and e.what == "routes" and not e.served for e in self._exposures)
+        if binding.operator_routes and not withheld:
             for name, fn in self._json_routes.items():
                 app.router.add_get(f"/{name}", self._json_handler(name, fn))
             for name, page in self._page_routes.items():
@@ -316,7 +330,7 @@ class HttpServer:
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        response = web.Response(body=encoder(self._registry))
+        response = web.Response(body=encoder(self._exposition))
         response.headers["Content-Type"] = content_type
         if "gzip" in request.headers.get("Accept-Encoding", ""):
             response.enable_compression(web.ContentCoding.gzip)
