@@ -21,7 +21,8 @@ REASONS: Final = frozenset(
         "busy",
         "too_slow",
         # one span
-        "content_missing",
+        "content_missing_capture_off",
+        "content_empty",
         "no_conversation_id",
         "invalid_conversation_id",
         "oversized_attribute",

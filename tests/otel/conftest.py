@@ -15,7 +15,9 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 def ingest(registry: CollectorRegistry) -> OtelIngest:
-    return OtelIngest(OtelConfig(), OtelMetrics(registry), max_event_bytes=1 << 20)
+    # Decides at once: the waits for a late parent and for earlier calls are tested on their own
+    # (test_late_parent, test_backlog).
+    return OtelIngest(OtelConfig(hold={"parent_seconds": 0}), OtelMetrics(registry), max_event_bytes=1 << 20)
 
 
 def refused(registry: CollectorRegistry, reason: str, door: str = "test") -> float:
