@@ -195,15 +195,45 @@ class FeedbackThresholdsConfig(BaseModel):
         "below (false: the configured thresholds, always).",
     )
     min_judged_alerts: int = Field(
-        20, ge=5, le=100_000, description="Judged alerts of an agent that close a batch and may move its threshold."
+        20, ge=5, le=100_000, description="Judged alerts of an agent before its threshold may move."
     )
     target_precision: float = Field(
-        0.5, gt=0, lt=1, description="A batch precision below it makes the rule stricter; at or above, it relaxes."
+        0.5,
+        gt=0,
+        lt=1,
+        description="A tally precision below it makes the rule stricter (one step per target_precision x "
+        "min_judged_alerts true alarms missing); at or above it, as configured.",
     )
-    step: float = Field(0.2, gt=0, le=0.5, description="Each move scales the target rate by (1 - step) or back.")
+    step: float = Field(0.2, gt=0, le=0.5, description="Each step scales the target rate by (1 - step).")
     min_rate_scale: float = Field(
         0.25, gt=0, le=1, description="The target rate never goes below this share of the configured one."
     )
+    epoch: int = Field(
+        0,
+        ge=0,
+        le=2**31 - 1,
+        description="Only judgements recorded under this epoch count: raise it (on every replica) to put every "
+        "threshold back and start the tallies again.",
+    )
+    topic: str | None = Field(
+        None,
+        min_length=1,
+        max_length=249,
+        description="The compacted topic of judgements (one row per feedback event id), followed by every "
+        "replica; default <kafka.topic>.alert-feedback.",
+    )
+    create_topic: bool = Field(True, description="Create the topic (compacted, one partition) when it is missing.")
+    replication_factor: int = Field(3, ge=1, le=32, description="Replication factor of a topic the sidecar creates.")
+    max_judgements: int = Field(
+        100_000,
+        ge=100,
+        le=10_000_000,
+        description="Judgements a replica holds from the topic (about 300 bytes each); past it new ones are "
+        'skipped and counted (sidecar_fleet_table_records_total{table="alert-feedback",outcome="full"}).',
+    )
+
+    def topic_name(self, source_topic: str) -> str:
+        return self.topic or f"{source_topic}.alert-feedback"
 
 
 class AlertingConfig(BaseModel):

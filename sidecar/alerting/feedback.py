@@ -17,11 +17,14 @@ Metrics (label sets closed: ``agent`` is bounded by :class:`~sidecar.telemetry.l
   the dashboard does.
 
 With ``alerting.feedback.adapt_thresholds`` the judgements also move thresholds
-(:mod:`sidecar.alerting.thresholds`).
+(:mod:`sidecar.alerting.thresholds`): through the fleet's ledger when there is one
+(:mod:`sidecar.alerting.ledger`: every replica counts the same rows, a restart counts them again),
+else in this process.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import structlog
@@ -29,7 +32,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sidecar.alerting.alert import ALERT_KINDS, alert_id
 from sidecar.alerting.config import AlertingConfig
-from sidecar.alerting.thresholds import FeedbackThresholds
+from sidecar.alerting.ledger import FeedbackLedger
+from sidecar.alerting.thresholds import MOVING_KINDS, FeedbackThresholds
 from sidecar.contract import Outcome
 from sidecar.stage.feedback import FeedbackContext, feedback_outcome
 
@@ -75,12 +79,14 @@ class AlertFeedback:
         *,
         thresholds: FeedbackThresholds | None = None,
         alerting: AlertingConfig | None = None,
+        ledger: FeedbackLedger | None = None,
     ) -> None:
         self._group = group
         self.metrics = metrics
         self._label = agent_label
         self.thresholds = thresholds
         self._alerting = alerting
+        self.ledger = ledger
         # (agent label, kind) -> [true alarms, false alarms] since this process started.
         self._judged: dict[tuple[str, str], list[int]] = {}
 
@@ -99,7 +105,7 @@ class AlertFeedback:
             counts = self._judged.setdefault((label, ctx.alert_kind), [0, 0])
             counts[0 if fb.rating == "true_alarm" else 1] += 1
             self.metrics.precision.labels(label, ctx.alert_kind).set(counts[0] / (counts[0] + counts[1]))
-            if self.thresholds is not None:
+            if self.thresholds is not None and self.ledger is None:  # with a ledger: counted from its rows
                 policy = self._alerting.policy_for(ctx.target.agent) if self._alerting is not None else None
                 self.thresholds.judged(
                     label,
@@ -117,6 +123,15 @@ class AlertFeedback:
             conversation_open=ctx.target.open,
         )
         return feedback_outcome(ctx)
+
+    def recorded(self, ctx: FeedbackContext, *, again: bool) -> asyncio.Future[None] | None:
+        """A judged alert of a kind that moves, written to the ledger (when there is one)."""
+        fb = ctx.target.feedback
+        if self.ledger is None or ctx.alert_kind not in MOVING_KINDS or fb.rating not in ("true_alarm", "false_alarm"):
+            return None
+        return self.ledger.record(
+            ctx.event_id, ctx.target.agent, ctx.alert_kind, true_alarm=fb.rating == "true_alarm", again=again
+        )
 
     def judged(self, agent: str, kind: str) -> tuple[int, int]:
         """(true alarms, false alarms) judged for ``agent``'s (label's) ``kind`` since the start."""

@@ -192,35 +192,6 @@ class OtelHistoryConfig(_Frozen):
     idle_ttl_seconds: float = Field(6 * 3600.0, gt=0, description="A conversation not seen for this long is forgotten.")
 
 
-class OtelHoldConfig(_Frozen):
-    """How long a span that cannot be decided yet is held before the decision is made anyway (see
-    docs/opentelemetry.md, "Held spans"). Held spans live in memory; 0 turns a wait off."""
-
-    parent_seconds: float = Field(
-        5.0,
-        ge=0,
-        le=300,
-        description="A model call with content but no conversation id, on it or on an ancestor read so far, waits "
-        "this long for a parent span exported later (an app's parent span ends after its model calls). Past it: "
-        "refused as no_conversation_id, counted in sidecar_otel_holds_total{wait=parent,outcome=expired}.",
-    )
-    earlier_calls_seconds: float = Field(
-        5.0,
-        ge=0,
-        le=300,
-        description="At the bridge, a model call whose input holds replies of model calls not read yet (a backlog "
-        "read out of order, over several partitions and polls) waits this long for them, so each reply's event "
-        "carries the span that produced it. Past it the call is derived as it is, counted in "
-        "sidecar_otel_holds_total{wait=earlier_calls,outcome=expired}.",
-    )
-    max_spans: int = Field(
-        10_000,
-        ge=1,
-        le=1_000_000,
-        description="Spans held at once; one more is decided at once (counted as outcome=full).",
-    )
-
-
 class EndMarkerConfig(_Frozen):
     """A span that ends its conversation: matched by name, by attribute, or both (all that are given)."""
 
@@ -272,7 +243,6 @@ class OtelConfig(_Frozen):
     limits: OtelLimitsConfig = Field(default_factory=OtelLimitsConfig)
     history: OtelHistoryConfig = Field(default_factory=OtelHistoryConfig)
     conversation_end: OtelConversationEndConfig = Field(default_factory=OtelConversationEndConfig)
-    hold: OtelHoldConfig = Field(default_factory=OtelHoldConfig)
 
     @property
     def enabled(self) -> bool:

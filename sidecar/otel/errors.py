@@ -21,8 +21,7 @@ REASONS: Final = frozenset(
         "busy",
         "too_slow",
         # one span
-        "content_missing_capture_off",
-        "content_empty",
+        "content_missing",
         "no_conversation_id",
         "invalid_conversation_id",
         "oversized_attribute",

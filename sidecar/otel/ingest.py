@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -43,7 +42,6 @@ from sidecar.otel.feedback import FeedbackEvent, read_feedback
 from sidecar.otel.history import HistoryTracker
 from sidecar.otel.messages import OtelMessage
 from sidecar.otel.metrics import OtelMetrics
-from sidecar.otel.refusals import RefusalLog
 from sidecar.otel.span_events import read_event_history
 
 log = structlog.get_logger(__name__)
@@ -59,13 +57,6 @@ AGENT_KEYS = ("gen_ai.agent.name", "agent.name")
 # How far up the parent chain an id is looked for (a chat span is rarely more than a few levels
 # below its invoke_agent span; the bound keeps a cyclic or hostile parent chain cheap).
 MAX_ANCESTORS = 64
-
-# The doors whose chat spans wait for the earlier model calls they read: the bridge, which reads a
-# backlog over several partitions and polls. The receiver reads spans in the order the app exported
-# them, and decides each request at once.
-WAITS_FOR_EARLIER_CALLS = frozenset({"bridge"})
-# Spans of one trace kept for its held spans' ancestor lookups (a bound against a hostile trace).
-MAX_TRACE_SPANS = 10_000
 
 _AGENT_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
 _ENCODER = msgspec.json.Encoder()
@@ -104,34 +95,11 @@ class FeedbackSpan:
 
 
 @dataclass(slots=True)
-class HeldChat:
-    """A chat span waiting for the model calls whose replies it reads (``otel.hold.earlier_calls_seconds``)."""
-
-    chat: ChatSpan
-    deadline: float
-    door: str
-    source: Hashable | None
-    held: bool = False
-
-
-@dataclass(slots=True)
-class Orphan:
-    """A chat span with content and no conversation id yet, waiting for its parent
-    (``otel.hold.parent_seconds``)."""
-
-    span: Span
-    attrs: Attributes
-    deadline: float
-    door: str
-    source: Hashable | None
-
-
-@dataclass(slots=True)
 class Found:
     """What a door's input holds: chat spans (oldest first), end signals, people's feedback, and the
     count of the rest."""
 
-    chats: list[HeldChat] = field(default_factory=list)
+    chats: list[ChatSpan] = field(default_factory=list)
     ends: list[EndSpan] = field(default_factory=list)
     feedback: list[FeedbackSpan] = field(default_factory=list)
     ignored: int = 0
@@ -199,8 +167,7 @@ class _Trace:
         self.agent: str | None = None
 
     def add(self, span: Span, attrs: Attributes) -> None:
-        if len(self.parents) < MAX_TRACE_SPANS:
-            self.parents[span.span_id] = (span.parent_span_id, attrs)
+        self.parents[span.span_id] = (span.parent_span_id, attrs)
         if self.conversation is None:
             self.conversation = _first(attrs, CONVERSATION_KEYS)
         if self.agent is None:
@@ -230,14 +197,7 @@ def _first(attrs: Attributes, keys: tuple[str, ...]) -> str | None:
 class OtelIngest:
     """Normalise and diff; owned by one event loop (both doors share one instance and one tracker)."""
 
-    def __init__(
-        self,
-        config: OtelConfig,
-        metrics: OtelMetrics,
-        *,
-        max_event_bytes: int,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, config: OtelConfig, metrics: OtelMetrics, *, max_event_bytes: int) -> None:
         lim = config.limits
         self._limits = Limits(lim.max_attribute_bytes, lim.max_json_depth, lim.max_messages_per_span)
         self._metrics = metrics
@@ -245,46 +205,14 @@ class OtelIngest:
         self._ends = EndSignals(config.conversation_end)
         h = config.history
         self.tracker = HistoryTracker(h.max_conversations, h.max_state_bytes, h.idle_ttl_seconds)
-        self._hold = config.hold
-        self._clock = clock
-        self._refusal_log = RefusalLog()
-        self._held: list[HeldChat] = []
-        self._held_ends: list[tuple[str, EndSpan]] = []  # (door, end of a conversation with held spans)
-        self._orphans: list[Orphan] = []
-        self._orphan_traces: dict[bytes, _Trace] = {}
-
-    @property
-    def holding(self) -> int:
-        """Spans held now (both waits, both doors)."""
-        return len(self._held) + len(self._orphans)
-
-    def due(self, door: str, now: float | None = None) -> bool:
-        """True when a span this door holds has reached its deadline (a derivation decides it)."""
-        now = self._clock() if now is None else now
-        held: list[HeldChat | Orphan] = [*self._held, *self._orphans]
-        return any(h.door == door and h.deadline <= now for h in held)
-
-    def held_sources(self, door: str) -> list[Hashable]:
-        """Where this door's held spans came from (the bridge commits no offset past them)."""
-        held: list[HeldChat | Orphan] = [*self._held, *self._orphans]
-        return [h.source for h in held if h.door == door and h.source is not None]
 
     def refuse_payload(self, door: str, reason: str) -> None:
         self._metrics.refused.labels(door, reason).inc()
 
-    def chat_spans(
-        self,
-        data: TracesData,
-        refused: Counter[str],
-        found: Found | None = None,
-        *,
-        door: str = "",
-        source: Hashable | None = None,
-        now: float = 0.0,
-    ) -> Found:
+    def chat_spans(self, data: TracesData, refused: Counter[str], found: Found | None = None) -> Found:
         """The payload's chat spans and end signals with their conversations, added to ``found``;
-        refusals are added to ``refused`` (nothing is counted in metrics here). A chat span without a
-        conversation id waits for its parent (``otel.hold.parent_seconds``) when holds are on."""
+        refusals are added to ``refused`` (nothing is counted in metrics here). Chat spans are
+        sorted oldest first."""
         found = found if found is not None else Found()
         traces: dict[bytes, _Trace] = {}
         candidates: list[tuple[Span, Attributes]] = []
@@ -292,85 +220,26 @@ class OtelIngest:
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     span_attrs: Attributes = {kv.key: kv.value for kv in span.attributes}
-                    trace = traces.get(span.trace_id)
-                    if trace is None:
-                        # a trace with held spans keeps growing: a late parent is found there
-                        trace = self._orphan_traces.get(span.trace_id) or _Trace()
-                        traces[span.trace_id] = trace
-                    trace.add(span, span_attrs)
+                    traces.setdefault(span.trace_id, _Trace()).add(span, span_attrs)
                     candidates.append((span, span_attrs))
-        wait = self._hold.parent_seconds
         for span, attrs in candidates:
             trace = traces[span.trace_id]
             feedback = self._feedback(span, attrs, trace, refused) if span.events else []
             found.feedback.extend(feedback)
             try:
                 chat = self._chat_span(span, attrs, trace)
-            except OtelRefused as exc:
-                if exc.reason == "no_conversation_id" and wait > 0 and self._room():
-                    self._orphans.append(Orphan(span, attrs, now + wait, door, source))
-                    self._orphan_traces[span.trace_id] = trace
-                    self._metrics.holds.labels("parent", "held").inc()
-                    continue
-                if exc.reason == "no_conversation_id" and wait > 0:
-                    self._metrics.holds.labels("parent", "full").inc()
-                refused[exc.reason] += 1
-                continue
-            try:
                 end = self._end_span(span, attrs, trace) if self._ends.matches(span, attrs) else None
             except OtelRefused as exc:
                 refused[exc.reason] += 1
                 continue
             if chat is not None:
-                found.chats.append(HeldChat(chat, now + self._hold.earlier_calls_seconds, door, source))
+                found.chats.append(chat)
             if end is not None:
                 found.ends.append(end)
             if chat is None and end is None and not feedback:
                 found.ignored += 1
-        found.chats.sort(key=lambda h: (h.chat.start_ns, h.chat.end_ns))
+        found.chats.sort(key=lambda c: (c.start_ns, c.end_ns))
         return found
-
-    def _room(self) -> bool:
-        return self.holding < self._hold.max_spans
-
-    def _orphans_found(self, door: str, found: Found, refused: Counter[str], now: float) -> None:
-        """Held spans of this door whose parent came (they join ``found``) or whose wait is over."""
-        keep: list[Orphan] = []
-        for o in self._orphans:
-            if o.door != door:
-                keep.append(o)
-                continue
-            trace = self._orphan_traces.get(o.span.trace_id) or _Trace()
-            try:
-                chat = self._chat_span(o.span, o.attrs, trace)
-            except OtelRefused as exc:
-                if exc.reason == "no_conversation_id" and o.deadline > now:
-                    keep.append(o)
-                    continue
-                if exc.reason == "no_conversation_id":
-                    self._metrics.holds.labels("parent", "expired").inc()
-                refused[exc.reason] += 1
-                continue
-            self._metrics.holds.labels("parent", "released").inc()
-            if chat is not None:
-                found.chats.append(HeldChat(chat, now + self._hold.earlier_calls_seconds, door, o.source))
-        self._orphans = keep
-        waiting = {o.span.trace_id for o in keep}
-        self._orphan_traces = {t: v for t, v in self._orphan_traces.items() if t in waiting}
-
-    def _waits_for_earlier_calls(self, held: HeldChat, now: float, deciding: set[str]) -> bool:
-        """True when the span reads replies of model calls not derived yet and may still wait for them
-        (each reply's event then carries the span that produced it, whatever order spans come in)."""
-        chat = held.chat
-        if held.door not in WAITS_FOR_EARLIER_CALLS or self._hold.earlier_calls_seconds <= 0:
-            return False
-        if held.deadline <= now or chat.conversation_id in deciding:
-            return False
-        known = self.tracker.known(chat.conversation_id, [m.digest() for m in chat.history])
-        if known is None:
-            return False
-        # the last message is the call's own output; an assistant message before it is an earlier call's
-        return any(m.role == "assistant" for m in chat.history[known:-1])
 
     def _ids(self, span: Span, attrs: Attributes, trace: _Trace) -> tuple[str, str | None]:
         conversation = _first(attrs, CONVERSATION_KEYS) or trace.lookup(span, CONVERSATION_KEYS, trace.conversation)
@@ -386,10 +255,10 @@ class OtelIngest:
             history = read_event_history(span, self._limits)
         if history is None:
             if is_llm_span(attrs):
-                raise OtelRefused("content_missing_capture_off", "a model call without message content")
+                raise OtelRefused("content_missing", "a model call without message content (capture is off)")
             return None
         if not history:
-            raise OtelRefused("content_empty", "a model call with an empty history")
+            raise OtelRefused("content_missing", "a model call with an empty history")
         conversation, agent = self._ids(span, attrs, trace)
         return ChatSpan(
             conversation,
@@ -432,48 +301,19 @@ class OtelIngest:
         for reason, n in out.refused.items():
             m.spans.labels(door, "refused").inc(n)
             m.refused.labels(door, reason).inc(n)
-            self._refusal_log.note(door, reason, n)
         for outcome, n in out.ends.items():
             m.ends.labels(door, outcome).inc(n)
 
-    def derive(
-        self,
-        data: TracesData | Sequence[TracesData],
-        door: str,
-        *,
-        sources: Sequence[Hashable] | None = None,
-        now: float | None = None,
-    ) -> Derived:
+    def derive(self, data: TracesData | Sequence[TracesData], door: str) -> Derived:
         """The records a payload (or several: a bridge poll) yields, chat spans oldest first across
-        all of them and the spans this door held (see :class:`~sidecar.otel.config.OtelHoldConfig`),
-        end signals after every chat span (the tracker's state moves on at once: see :meth:`forget`).
-        ``sources`` names where each payload came from (:meth:`held_sources`)."""
-        now = self._clock() if now is None else now
+        all of them, end signals after every chat span (the tracker's state moves on at once: see
+        :meth:`forget`)."""
         out = Derived()
         found = Found()
-        payloads = [data] if isinstance(data, TracesData) else list(data)
-        for k, payload in enumerate(payloads):
-            source = None if sources is None else sources[k]
-            self.chat_spans(payload, out.refused, found, door=door, source=source, now=now)
-        self._orphans_found(door, found, out.refused, now)
-        mine = [h for h in self._held if h.door == door]
-        self._held = [h for h in self._held if h.door != door]
-        # a conversation one of whose held spans is due is decided in full now, oldest span first
-        deciding = {h.chat.conversation_id for h in mine if h.deadline <= now}
-        chats = sorted([*mine, *found.chats], key=lambda h: (h.chat.start_ns, h.chat.end_ns))
-        for held in chats:
-            chat = held.chat
-            if self._waits_for_earlier_calls(held, now, deciding):
-                if held.held or self._room():
-                    if not held.held:
-                        self._metrics.holds.labels("earlier_calls", "held").inc()
-                        held.held = True
-                    self._held.append(held)
-                    continue
-                self._metrics.holds.labels("earlier_calls", "full").inc()
-            elif held.held:
-                outcome = "expired" if held.deadline <= now or chat.conversation_id in deciding else "released"
-                self._metrics.holds.labels("earlier_calls", outcome).inc()
+        for payload in [data] if isinstance(data, TracesData) else data:
+            self.chat_spans(payload, out.refused, found)
+        found.chats.sort(key=lambda c: (c.start_ns, c.end_ns))
+        for chat in found.chats:
             try:
                 out.records.extend(self._events(chat, out))
             except OtelRefused as exc:
@@ -481,7 +321,12 @@ class OtelIngest:
                 continue
             out.conversations.add(chat.conversation_id)
             out.chat_spans += 1
-        self._ends_found(door, found.ends, out)
+        for end in found.ends:
+            out.end_spans += 1
+            record = self._end_event(end, out)
+            if record is not None:
+                out.records.append(record)
+                out.conversations.add(end.conversation_id)
         for fb in found.feedback:  # takes no seq: the history tracker is not involved
             try:
                 out.records.append(self._feedback_event(fb))
@@ -493,20 +338,6 @@ class OtelIngest:
         self._metrics.conversations.set(len(self.tracker))
         self._metrics.state_bytes.set(self.tracker.state_bytes)
         return out
-
-    def _ends_found(self, door: str, found: list[EndSpan], out: Derived) -> None:
-        waiting = {h.chat.conversation_id for h in self._held}
-        ends = [e for d, e in self._held_ends if d == door] + found
-        self._held_ends = [(d, e) for d, e in self._held_ends if d != door]
-        for end in ends:
-            if end.conversation_id in waiting:  # placed after the held spans' messages
-                self._held_ends.append((door, end))
-                continue
-            out.end_spans += 1
-            record = self._end_event(end, out)
-            if record is not None:
-                out.records.append(record)
-                out.conversations.add(end.conversation_id)
 
     def forget(self, conversations: Iterable[str]) -> None:
         """Events for these conversations did not reach Kafka: re-derive them in full next time."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import math
 from typing import Final
 
 import structlog
@@ -37,9 +36,7 @@ from sidecar.otel.errors import OtelRefused
 from sidecar.otel.ingest import Derived, OtelIngest
 from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.producer import KafkaUnavailable, OtelEventProducer
-from sidecar.otel.refusals import explain
 from sidecar.otel.work import work_for
-from sidecar.supervision import Supervised, spawn
 from sidecar.telemetry.listener import Listener
 from sidecar.telemetry.web_config import WebConfig, load_web_config
 from sidecar.telemetry.web_safety import extra_headers, security_headers
@@ -51,8 +48,6 @@ PATH: Final = "/v1/traces"
 _CONTENT_TYPES: dict[str, Encoding] = {"application/x-protobuf": "otlp_proto", "application/json": "otlp_json"}
 # A refused payload's status by reason (any other reason: 400); 429 and 503 carry Retry-After.
 _STATUS: Final = {"oversized": 413, "too_many_spans": 413, "over_budget": 429, "busy": 503}
-# How often held spans are checked for their deadline (otel.hold).
-HOLD_TICK_SECONDS: Final = 0.25
 
 
 class OtlpHttpReceiver:
@@ -73,7 +68,6 @@ class OtlpHttpReceiver:
         self._metrics = metrics
         self._topic = events_topic
         self._listener: Listener | None = None
-        self._holds: Supervised | None = None
         # One request derives and produces at a time: the tracker's state then always describes
         # what was acknowledged or forgotten, and per-conversation order is kept on the events topic.
         self._serial = asyncio.Lock()
@@ -116,46 +110,13 @@ class OtlpHttpReceiver:
         )
         await listener.start()
         self._listener = listener
-        self._holds = spawn("otel-receiver-holds", self._decide_held)
         log.info("otel.receiver_started", host=self._cfg.host, port=listener.port, tls=self._web.tls is not None)
 
     async def stop(self) -> None:
         listener, self._listener = self._listener, None
-        holds, self._holds = self._holds, None
-        if holds is not None:
-            await holds.stop()
         if listener is not None:
             await listener.stop()
-            # What is still held is decided now, as if its wait were over: a stop loses nothing
-            # that was answered 200 (a crash does; the exporter does not send it again).
-            await self._release(math.inf)
             log.info("otel.receiver_stopped")
-
-    async def _decide_held(self) -> None:
-        while True:
-            await asyncio.sleep(HOLD_TICK_SECONDS)
-            if self._ingest.due(DOOR):
-                await self._release(None)
-
-    async def _release(self, now: float | None) -> None:
-        """Derive and produce the held spans that are due (all of them, ``now=inf``)."""
-        if not self._ingest.holding:
-            return
-        async with self._serial:
-            ingest = self._ingest
-            derived = await work_for(ingest).run(lambda: ingest.derive([], DOOR, now=now))
-            if not derived.records:
-                return
-            try:
-                await self._producer.produce(
-                    self._topic, derived.records, timeout_seconds=self._cfg.produce_timeout_seconds
-                )
-            except KafkaUnavailable as exc:
-                ingest.forget(derived.conversations)
-                self._metrics.produce_errors.labels(DOOR).inc()
-                log.warning("otel.produce_failed", door=DOOR, error=str(exc), events=len(derived.records))
-                return
-        self._metrics.events.labels(DOOR).inc(len(derived.records))
 
     def health(self) -> Health:
         listening = self._listener is not None
@@ -246,7 +207,9 @@ class OtlpHttpReceiver:
         response = ExportTraceServiceResponse()
         if rejected:
             response.partial_success.rejected_spans = rejected
-            response.partial_success.error_message = explain(reasons)
+            response.partial_success.error_message = "refused spans: " + ", ".join(
+                f"{reason}={n}" for reason, n in sorted(reasons.items())
+            )
         self._metrics.requests.labels("200").inc()
         if encoding == "otlp_json":
             return web.Response(

@@ -31,7 +31,7 @@ from sidecar.source.journal import (
     SourceRecord,
 )
 from sidecar.source.result_record import RESULT_VERSION, ResultProvenance, ResultRecord, TriggeredBy
-from sidecar.stage.feedback import FeedbackContext
+from sidecar.stage.feedback import FeedbackContext, joined
 from sidecar.stage.pipeline import PostScoreStage
 from sidecar.state.config import StateConfig
 from sidecar.state.conversation import Conversation
@@ -225,6 +225,13 @@ class PartitionProcessor:
         """Apply accepted feedback once: not while replaying, not when the journal says it was."""
         if replay or position in self._feedback_done:
             self._m.suppressed("feedback").inc()
+            # Applied before the restart; what it wrote to outlive the process may be missing.
+            again = self._stage.feedback.recorded(ctx, again=True) if self.live else None
+            if again is not None:
+                written = self._written(again)
+                entry = self._pin(position, None)
+                entry.acked = written
+                written.add_done_callback(lambda f: self._release(entry, f))
             return
         if not self.live:
             return
@@ -249,9 +256,25 @@ class PartitionProcessor:
         )
         if not self.live:
             return
-        acked = await self._results.submit(self.partition, ctx.conversation_id, record)
+        acked = joined(
+            await self._results.submit(self.partition, ctx.conversation_id, record),
+            self._stage.feedback.recorded(ctx, again=False),
+        )
         entry.acked = acked
         acked.add_done_callback(lambda f: self._release(entry, f))
+
+    def _written(self, recorded: asyncio.Future[None]) -> asyncio.Future[int]:
+        """A write with no journal record of its own, as a pin's acknowledgement: the journal's end."""
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def settle(f: asyncio.Future[None]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                done.cancel()
+            else:
+                done.set_result(self._journal_end - 1)
+
+        recorded.add_done_callback(settle)
+        return done
 
     async def process_unreadable(self, record: SourceRecord) -> None:
         """A record the client could not parse: dead-letter its position (``unreadable_record``)."""

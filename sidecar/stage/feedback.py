@@ -5,16 +5,20 @@ A feedback event (:class:`~sidecar.events.Feedback`) is checked by the state
 an alert, by :meth:`FeedbackSink.resolve_alert` (the id must be the one this consumer group gives
 that conversation's alert of some kind at that turn). Both checks are pure, so a replay after a
 restart accepts and refuses exactly what the first pass did. Accepted feedback is then one effect:
-:meth:`FeedbackSink.apply` counts it (and may move thresholds), and its outcome is journaled in the
-results topic (``kind: "feedback"``) before the commit passes the record, so a replay applies it
-again never: below the committed position it is replayed silently, and above it the journal names
-the record's position.
+:meth:`FeedbackSink.apply` counts it, and its outcome is journaled in the results topic
+(``kind: "feedback"``) before the commit passes the record, so a replay applies it again never:
+below the committed position it is replayed silently, and above it the journal names the record's
+position. What must outlive the process (a judgement that moves thresholds:
+:mod:`sidecar.alerting.ledger`) is written by :meth:`FeedbackSink.recorded`, whose future holds the
+commit below the record too; it is asked again for a record re-read after a restart, and writes
+only what is missing.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sidecar.contract import Outcome
 from sidecar.state.feedback import FeedbackTarget
@@ -59,6 +63,34 @@ class FeedbackSink(Protocol):
         """Count the feedback (and act on it); return the outcome the results topic records."""
         ...
 
+    def recorded(self, ctx: FeedbackContext, *, again: bool) -> asyncio.Future[None] | None:
+        """Write what of ``ctx`` must outlive the process; the future, done once it is durable,
+        holds the commit below the record. ``again``: the record was applied before a restart
+        (replayed or journaled); write only what is missing. None: nothing to write."""
+        ...
+
+
+def joined(acked: asyncio.Future[int], recorded: asyncio.Future[None] | None) -> asyncio.Future[int]:
+    """``acked`` (the journal's acknowledgement, its position) once ``recorded`` is done too;
+    cancelled when either is cancelled or fails, so the pin they hold stays."""
+    if recorded is None:
+        return acked
+    both: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def settle(_f: asyncio.Future[Any]) -> None:
+        if both.done():
+            return
+        for f in (acked, recorded):
+            if f.done() and (f.cancelled() or f.exception() is not None):
+                both.cancel()
+                return
+        if acked.done() and recorded.done():
+            both.set_result(acked.result())
+
+    acked.add_done_callback(settle)
+    recorded.add_done_callback(settle)
+    return both
+
 
 class UncountedFeedback:
     """The feedback sink of a stage built without one (tests, tools): knows no alert, counts nothing."""
@@ -68,3 +100,6 @@ class UncountedFeedback:
 
     def apply(self, ctx: FeedbackContext) -> Outcome:
         return feedback_outcome(ctx)
+
+    def recorded(self, ctx: FeedbackContext, *, again: bool) -> asyncio.Future[None] | None:  # noqa: ARG002
+        return None

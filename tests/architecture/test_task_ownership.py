@@ -30,6 +30,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     # Per-record work whose future its creator keeps and awaits (not background loops).
     ("source/processor.py", "PartitionProcessor._fire"): "the record's pending entry (the commit waits on it)",
     ("source/processor.py", "PartitionProcessor._dead_letter"): "the record's pending entry (the commit waits on it)",
+    ("alerting/ledger.py", "FeedbackLedger.record"): "the ledger's write set (cancelled at stop) and the feedback "
+    "record's pending entry (the commit waits on it)",
     ("source/results.py", "KafkaResultsWriter._pump"): "the writer's in-flight set, awaited by its flush",
     ("source/results.py", "KafkaResultsWriter._retry"): "the writer's per-partition retry set, cancelled on release",
     ("clustering/live.py", "GoalClusterer._assignment"): "the conversation's assignment future, awaited by its outcome",

@@ -15,9 +15,7 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 def ingest(registry: CollectorRegistry) -> OtelIngest:
-    # Decides at once: the waits for a late parent and for earlier calls are tested on their own
-    # (test_late_parent, test_backlog).
-    return OtelIngest(OtelConfig(hold={"parent_seconds": 0}), OtelMetrics(registry), max_event_bytes=1 << 20)
+    return OtelIngest(OtelConfig(), OtelMetrics(registry), max_event_bytes=1 << 20)
 
 
 def refused(registry: CollectorRegistry, reason: str, door: str = "test") -> float:

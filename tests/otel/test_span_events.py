@@ -162,7 +162,7 @@ def test_a_span_without_message_events_reads_as_before() -> None:
     span = with_events(MODEL_CALL, [("exception", {"exception.message": "x"})])
     assert read_event_history(span, LIMITS) is None
     derived = ingest().derive(traces([span]), "test")
-    assert derived.refused == {"content_missing_capture_off": 1}  # a model call, its content not captured
+    assert derived.refused == {"content_missing": 1}  # a model call, its content not captured
 
 
 @pytest.mark.parametrize(
