@@ -213,7 +213,7 @@ def _hooks(tok_dir: Path, gate: dict[str, Any]) -> tuple[ScoringHooks, ToyLM, Co
 
 
 def _ctx(messages: Any, cid: str) -> TurnContext:
-    return TurnContext("user_message", cid, 2, messages, "booking", None)  # type: ignore[arg-type]
+    return TurnContext("user_message", cid, 2, messages, "booking", None)
 
 
 async def test_hooks_count_decisions_and_gated_trees_cost_one_request(tok_dir: Path) -> None:
