@@ -8,6 +8,14 @@
     conversations' final token count (target <= 1.3), next to the same with prefix caching off.
 (3) Scored turns per second at concurrency 1, 4, 16.
 
+Before any clock starts or any vLLM counter baseline is read, each server is started, warmed up
+(requests to the base model and the adapter) and one client runs the self-tests the modes ask for
+(``--exact-logprobs`` and ``--mixed-batches``, ``auto`` by default: the mixed-batch and
+exact-logprob self-tests). Those are reported apart, as the one-time cost they are. Every measuring
+client is then built with the modes that self-test resolved (never ``auto``), so no self-test runs
+inside a measurement, and every figure states the modes in force: exact P(end) by
+``logprob_token_ids`` or by top-k (+ forced request), base and adapter lanes shared or separated.
+
 Model: the trained adapter artifacts if given (``--model-dir``, ``--adapter-dir``), else the test
 suite's tiny random-weights Llama (protocol figures: its trees and P(end) mean nothing).
 
@@ -25,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +78,69 @@ def load_conversations(n: int, max_turns: int) -> list[list[Message]]:
     return out
 
 
+@dataclass(frozen=True)
+class Modes:
+    """The client modes every measurement on one server runs with (resolved, never ``auto``)."""
+
+    exact_logprobs: str
+    mixed_batches: str
+
+    def endpoint(self, server: VllmServer, concurrency: int = 8) -> VllmEndpointConfig:
+        return VllmEndpointConfig(
+            base_url=server.base_url,
+            max_concurrency=concurrency,
+            exact_logprobs=self.exact_logprobs,
+            mixed_batches=self.mixed_batches,
+        )
+
+    def describe(self) -> str:
+        exact = {
+            "shared": "exact P(end) by logprob_token_ids, batched",
+            "isolated": "exact P(end) by logprob_token_ids, sent alone",
+            "off": "P(end) from top-k (+ forced request when the end tag is not in it)",
+        }[self.exact_logprobs]
+        return f"{exact}; base and adapter lanes {self.mixed_batches}"
+
+
+async def resolve_modes(
+    server: VllmServer, tok: SafeTokenizer, exact: str, mixed: str, warm_up: int = 4
+) -> tuple[Modes, dict[str, Any]]:
+    """Warm-up and the self-tests, once per server, before any measurement: returns the modes they
+    resolved and their one-time cost (seconds, requests' tokens from vLLM's counters)."""
+    stops = sorted(tok.special_ids - {tok.bos_id, tok.token_id("<|pad|>")} - {None})
+    probe = [tok.bos_id or 0, *range(10, 26)]
+    client = VllmClient(
+        VllmEndpointConfig(base_url=server.base_url, exact_logprobs=exact, mixed_batches=mixed),
+        CollectorRegistry(),
+    )
+    b = vllm_counters(server)
+    t0 = time.perf_counter()
+    # Warm-up: both models, a few tokens each (the launcher already sent one adapter request).
+    for _ in range(warm_up):
+        await client.generate(server.base_model, [probe], max_tokens=4, top_logprobs=1, stop_token_ids=stops)
+    warm_seconds = time.perf_counter() - t0
+    # The adapter request runs the mixed-batch self-test first when its mode is auto.
+    t1 = time.perf_counter()
+    await client.generate(server.adapter_model, [probe], max_tokens=4, top_logprobs=1, stop_token_ids=stops)
+    mixed_seconds = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    await client.exact_ids_usable(server.adapter_model)
+    exact_seconds = time.perf_counter() - t2
+    d = delta(vllm_counters(server), b)
+    modes = Modes(client.exact_mode, client.mixed_batches_mode)
+    await client.stop()
+    cost = {
+        "requested": f"exact_logprobs={exact}, mixed_batches={mixed}",
+        "warm_seconds": warm_seconds,
+        "mixed_seconds": mixed_seconds,
+        "exact_seconds": exact_seconds,
+        "prompt_tokens": d["vllm:prompt_tokens_total"],
+        "generated": d["vllm:generation_tokens_total"],
+        "requests": d.get("vllm:request_success_total", 0.0),
+    }
+    return modes, cost
+
+
 def prompt_budget(server: VllmServer, generated: int) -> int:
     """Longest prompt that leaves room for ``generated`` tokens within the server's context."""
     return max_model_len(server.model_dir) - generated - 1
@@ -80,6 +152,7 @@ def vllm_counters(server: VllmServer) -> dict[str, float]:
         "vllm:generation_tokens_total",
         "vllm:prefix_cache_hits_total",
         "vllm:prefix_cache_queries_total",
+        "vllm:request_success_total",
     )
     totals = dict.fromkeys(names, 0.0)
     for line in server.metrics_text().splitlines():
@@ -133,11 +206,11 @@ def _trie_size(seqs: Sequence[Sequence[int]]) -> int:
 
 
 async def bench_trees(
-    server: VllmServer, tok: SafeTokenizer, convs: list[list[Message]], n: int, alpha: float, depth: int
+    server: VllmServer, tok: SafeTokenizer, convs: list[list[Message]], n: int, alpha: float, depth: int, modes: Modes
 ) -> dict[str, Any]:
     builder = PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=prompt_budget(server, depth))
     stops = sorted(tok.special_ids - {tok.bos_id, tok.token_id("<|pad|>")} - {None})
-    client = VllmClient(VllmEndpointConfig(base_url=server.base_url), CollectorRegistry())
+    client = VllmClient(modes.endpoint(server), CollectorRegistry())
     sampler = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
     expander = TreeExpander(
         client, alpha=alpha, budget=TreeBudget(depth, 100_000, 10_000, 10_000), stop_token_ids=stops
@@ -215,12 +288,17 @@ async def bench_trees(
 
 
 async def score_all_turns(
-    server: VllmServer, tok: SafeTokenizer, convs: list[list[Message]], *, concurrency: int, top_k_only: bool = False
+    server: VllmServer,
+    tok: SafeTokenizer,
+    convs: list[list[Message]],
+    modes: Modes,
+    *,
+    concurrency: int,
+    top_k_only: bool = False,
 ) -> dict[str, float]:
     """Completion score after every turn of every conversation (what the stream does)."""
     builder = PromptBuilder(tok, end_tag=END_TAG, instruct_prompt="x", max_prompt_tokens=prompt_budget(server, 16))
-    cfg = VllmEndpointConfig(base_url=server.base_url, max_concurrency=concurrency)
-    client = VllmClient(cfg, CollectorRegistry())
+    client = VllmClient(modes.endpoint(server, concurrency), CollectorRegistry())
     stops = sorted(tok.special_ids - {tok.bos_id, tok.token_id("<|pad|>")} - {None})
     scorer = CompletionScorer(
         client, end_ids=[tok.token_id(END_TAG)], stop_token_ids=stops, max_remaining_tokens=16, decode=tok.decode
@@ -293,17 +371,19 @@ async def run_on(
     """Every measurement on conversations this server has not seen (a cold prefix cache for them)."""
     n = args.conversations
     out: dict[str, Any] = {}
-    out["prefill_topk"] = await score_all_turns(server, tok, convs[:n], concurrency=1, top_k_only=True)
+    modes, out["one_time"] = await resolve_modes(server, tok, args.exact_logprobs, args.mixed_batches)
+    out["modes"] = modes
+    out["prefill_topk"] = await score_all_turns(server, tok, convs[:n], modes, concurrency=1, top_k_only=True)
     if not full:
         return out
-    out["trees"] = await bench_trees(server, tok, convs[:n], args.trees, args.alpha, args.depth)
-    out["prefill_full"] = await score_all_turns(server, tok, convs[n : 2 * n], concurrency=1)
+    out["trees"] = await bench_trees(server, tok, convs[:n], args.trees, args.alpha, args.depth, modes)
+    out["prefill_full"] = await score_all_turns(server, tok, convs[n : 2 * n], modes, concurrency=1)
     out["throughput"] = {}
     start = 2 * n
     for c in (1, 4, 16):
         chunk = convs[start : start + args.throughput_conversations]
         start += args.throughput_conversations
-        out["throughput"][c] = await score_all_turns(server, tok, chunk, concurrency=c)
+        out["throughput"][c] = await score_all_turns(server, tok, chunk, modes, concurrency=c)
     return out
 
 
@@ -317,6 +397,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--throughput-conversations", type=int, default=12)
     p.add_argument("--model-dir")
     p.add_argument("--adapter-dir")
+    p.add_argument(
+        "--exact-logprobs",
+        choices=["auto", "shared", "isolated", "off"],
+        default="auto",
+        help="scoring.vllm.exact_logprobs for the one self-test per server; measurements use what it resolved",
+    )
+    p.add_argument(
+        "--mixed-batches",
+        choices=["auto", "shared", "separated"],
+        default="auto",
+        help="scoring.vllm.mixed_batches for the one self-test per server; measurements use what it resolved",
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-scoring-") as tmp:
         root = Path(tmp)
@@ -326,16 +418,30 @@ def main(argv: list[str] | None = None) -> int:
         convs = load_conversations(2 * args.conversations + 3 * args.throughput_conversations, args.max_turns)
         results: dict[bool, Any] = {}
         for caching in (True, False):
+            t0 = time.perf_counter()
             with running_server(model, root / f"vllm-{caching}.log", prefix_caching=caching) as server:
+                started = time.perf_counter() - t0
                 results[caching] = asyncio.run(run_on(server, tok, convs, args, full=caching))
+                results[caching]["start_seconds"] = started
     report(results, args)
     return 0
 
 
 def report(results: dict[Any, Any], args: argparse.Namespace) -> None:
     on, off = results[True], results[False]
+    print("\n(0) one-time costs, before every clock and counter baseline:")
+    for name, res in (("caching on ", on), ("caching off", off)):
+        o = res["one_time"]
+        print(
+            f"    {name}: server start + launcher warm-up {res['start_seconds']:.1f}s; "
+            f"warm-up {o['warm_seconds']:.1f}s; "
+            f"self-tests ({o['requested']}): mixed-batch {o['mixed_seconds']:.1f}s, exact-logprob "
+            f"{o['exact_seconds']:.1f}s; {o['requests']:.0f} requests, {o['prompt_tokens']:.0f} prompt and "
+            f"{o['generated']:.0f} generated tokens"
+        )
+        print(f"      modes in force for every figure on this server: {res['modes'].describe()}")
     t = on["trees"]
-    print(f"\n(1) Response-tree cost, alpha={args.alpha}, depth={args.depth}, {t['trees']} trees, {t['leaves']} leaves")
+    print(f"(1) Response-tree cost, alpha={args.alpha}, depth={args.depth}, {t['trees']} trees, {t['leaves']} leaves")
     print(
         f"    fast tree : {t['fast_generated_vllm']:.0f} generated (vLLM) / {t['distinct']} distinct tree tokens "
         f"= {t['fast_generated_vllm'] / max(1, t['distinct']):.3f}  (target <= 1.05); "
@@ -352,9 +458,9 @@ def report(results: dict[Any, Any], args: argparse.Namespace) -> None:
         f"({t['sample_generated'] / max(1, t['fast_generated_vllm']):.2f}x the tree's generated tokens)"
     )
     rows = (
-        ("caching on, scores ", on["prefill_topk"]),
-        ("caching off, scores", off["prefill_topk"]),
-        ("caching on, + exact P(end) fallbacks", on["prefill_full"]),
+        ("caching on, top-k scores ", on["prefill_topk"]),
+        ("caching off, top-k scores", off["prefill_topk"]),
+        (f"caching on, completion scorer ({on['modes'].describe()})", on["prefill_full"]),
     )
     for name, res in rows:
         print(
@@ -363,7 +469,7 @@ def report(results: dict[Any, Any], args: argparse.Namespace) -> None:
             f"final tokens {res['final_tokens']} = {res['ratio']:.3f}  (target <= 1.3); "
             f"{res['fallbacks']} fallbacks"
         )
-    print("(3) scored turns per second (completion score, exact P(end) fallback included):")
+    print(f"(3) scored turns per second (completion scorer; {on['modes'].describe()}):")
     for c, res in on["throughput"].items():
         print(
             f"    concurrency {c:>2}: {res['turns'] / res['seconds']:.2f} turns/s "
