@@ -6,16 +6,19 @@ is one step: decode every record, derive the events, produce them (and the dead 
 ``acks=all``, and only once all are acknowledged commit the input offsets. A crash anywhere re-reads
 the step; its spans yield the same event ids, which the sidecar's dedup drops: at-least-once
 delivery, effectively exactly-once effects.
+
+A record with a span held back (``otel.hold``: a late parent, model calls read out of order) is not
+committed past until that span is decided: a restart reads it again and holds it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import structlog
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
@@ -102,12 +105,15 @@ class OtlpKafkaBridge:
                 await consumer.stop()
 
     async def _consume(self, consumer: AIOKafkaConsumer) -> None:
+        read: dict[TopicPartition, int] = {}  # next offset per partition, as far as this member read
         while True:
             batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
-            if not batch:
+            if not batch and not self._ingest.due(DOOR):
                 continue
             await self.step([rec for records in batch.values() for rec in records])
-            offsets = {tp: records[-1].offset + 1 for tp, records in batch.items()}
+            read.update({tp: records[-1].offset + 1 for tp, records in batch.items()})
+            read = {tp: n for tp, n in read.items() if tp in consumer.assignment()}
+            offsets = self.committable(read)
             try:
                 await consumer.commit(offsets)
             except CommitFailedError:
@@ -117,15 +123,27 @@ class OtlpKafkaBridge:
                 continue
             self._last_commit = time.monotonic()
 
+    def committable(self, read: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The offsets to commit: what was read, but never past a record whose span is held."""
+        out = dict(read)
+        for source in self._ingest.held_sources(DOOR):
+            topic, partition, offset = cast(tuple[str, int, int], source)
+            tp = TopicPartition(topic, partition)
+            if tp in out:
+                out[tp] = min(out[tp], offset)
+        return out
+
     async def step(self, records: list[Any]) -> None:
         """Derive and produce a poll's records; returns once every output is acknowledged."""
         payloads: list[TracesData] = []
+        sources: list[tuple[str, int, int]] = []
         dead: list[tuple[Any, OtelRefused]] = []  # (record, why)
         for rec in records:
             try:
                 value = rec.value or b""
                 encoding: Encoding = sniff(value) if self._cfg.encoding == "auto" else self._cfg.encoding
                 payloads.append(decode_traces(value, encoding, max_bytes=self._cfg.max_record_bytes))
+                sources.append((rec.topic, rec.partition, rec.offset))
             except OtelRefused as exc:
                 self._ingest.refuse_payload(DOOR, exc.reason)
                 dead.append((rec, exc))
@@ -133,7 +151,7 @@ class OtlpKafkaBridge:
         # came from, and end signals after all of them.
         # Off the event loop, one derivation at a time with the receiver (the same history tracker).
         ingest = self._ingest
-        events = (await work_for(ingest).run(lambda: ingest.derive(payloads, DOOR))).records
+        events = (await work_for(ingest).run(lambda: ingest.derive(payloads, DOOR, sources=sources))).records
         backoff = Backoff(BACKOFF_INITIAL_SECONDS, BACKOFF_MAX_SECONDS)
         while True:
             try:

@@ -157,12 +157,21 @@ class OtlpKafkaBridgeConfig(_Frozen):
         "otlp_spans.dlq",
         min_length=1,
         max_length=249,
-        description="Records that cannot be decoded at all are copied here with the reason in headers.",
+        description="Records that cannot be decoded at all are copied here with the reason in headers. "
+        "Default: <topic>.dlq.",
     )
     fetch_max_records: int = Field(200, ge=1, le=10_000, description="Records per poll (one produce+commit step).")
     max_record_bytes: int = Field(
         16 * 1_048_576, ge=1024, le=1024 * 1_048_576, description="Larger records are dead-lettered (oversized)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dead_letter_topic_follows_topic(cls, data: object) -> object:
+        # A bridge on another topic gets its own dead-letter topic, not otlp_spans.dlq.
+        if isinstance(data, dict) and "dead_letter_topic" not in data and isinstance(data.get("topic"), str):
+            return {**data, "dead_letter_topic": f"{data['topic']}.dlq"}
+        return data
 
 
 class OtelLimitsConfig(_Frozen):
@@ -190,6 +199,44 @@ class OtelHistoryConfig(_Frozen):
         "200 per conversation); over it, the least recently seen conversation is forgotten.",
     )
     idle_ttl_seconds: float = Field(6 * 3600.0, gt=0, description="A conversation not seen for this long is forgotten.")
+
+
+class OtelHoldConfig(_Frozen):
+    """How long a span that cannot be decided yet is held before the decision is made anyway (see
+    docs/opentelemetry.md, "Held spans"). Held spans live in memory; 0 turns a wait off."""
+
+    parent_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=300,
+        description="A model call with content but no conversation id, on it or on an ancestor read so far, waits "
+        "this long for a parent span exported later (an app's parent span ends after its model calls). Past it: "
+        "refused as no_conversation_id, counted in sidecar_otel_holds_total{wait=parent,outcome=expired}.",
+    )
+    earlier_calls_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=300,
+        description="At the bridge, a model call whose input holds replies of model calls not read yet (a backlog "
+        "read out of order, over several partitions and polls) waits this long for them, so each reply's event "
+        "carries the span that produced it. Past it the call is derived as it is, counted in "
+        "sidecar_otel_holds_total{wait=earlier_calls,outcome=expired}.",
+    )
+    logs_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=300,
+        description="A model call without content waits this long for its content as OTLP log records "
+        "(POST /v1/logs; instrumentations in event mode), and content read from log records waits as long for "
+        "its span. Past it: refused as content_on_logs_not_received (log records of other spans came) or "
+        "content_missing_capture_off, counted in sidecar_otel_holds_total{wait=logs,outcome=expired}.",
+    )
+    max_spans: int = Field(
+        10_000,
+        ge=1,
+        le=1_000_000,
+        description="Spans held at once; one more is decided at once (counted as outcome=full).",
+    )
 
 
 class EndMarkerConfig(_Frozen):
@@ -243,6 +290,7 @@ class OtelConfig(_Frozen):
     limits: OtelLimitsConfig = Field(default_factory=OtelLimitsConfig)
     history: OtelHistoryConfig = Field(default_factory=OtelHistoryConfig)
     conversation_end: OtelConversationEndConfig = Field(default_factory=OtelConversationEndConfig)
+    hold: OtelHoldConfig = Field(default_factory=OtelHoldConfig)
 
     @property
     def enabled(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError as ProtobufDecodeError
+from opentelemetry.proto.logs.v1.logs_pb2 import LogsData
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from sidecar.otel.errors import OtelRefused
@@ -81,7 +82,46 @@ def decode_request(payload: bytes, encoding: Encoding, *, max_bytes: int, max_sp
         return data
     count, parts = slices(payload, SLICE_SPANS)
     _check_spans(count, max_spans)
-    return parse_slices(parts)
+    return parse_slices(parts, TracesData())
+
+
+def decode_logs_request(payload: bytes, encoding: Encoding, *, max_bytes: int, max_records: int) -> LogsData:
+    """:func:`decode_request` for ``POST /v1/logs``: a ``LogsData`` / ``ExportLogsServiceRequest``,
+    counted (``too_many_spans`` over ``max_records`` log records, before anything is parsed) and
+    parsed in slices; the same refusals as for traces."""
+    if not payload:
+        raise OtelRefused("empty", "no payload")
+    if len(payload) > max_bytes:
+        raise OtelRefused("oversized", f"payload is {len(payload)} bytes; the limit is {max_bytes}")
+    if encoding == "otlp_json":
+        data = _decode_json_logs(payload)
+        count = sum(len(sl.log_records) for rl in data.resource_logs for sl in rl.scope_logs)
+    else:
+        count, parts = slices(payload, SLICE_SPANS)
+        if count <= max_records:
+            data = parse_slices(parts, LogsData())
+    if count > max_records:
+        raise OtelRefused("too_many_spans", f"{count} log records; the limit is {max_records} per request")
+    return data
+
+
+def _decode_json_logs(payload: bytes) -> LogsData:
+    try:
+        raw = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise OtelRefused("invalid_json", "JSON syntax") from None
+    if not isinstance(raw, dict):
+        raise OtelRefused("invalid_json", "top level is not an object")
+    try:
+        for rl in _objects(raw.get("resourceLogs", raw.get("resource_logs"))):
+            for sl in _objects(rl.get("scopeLogs", rl.get("scope_logs"))):
+                for record in _objects(sl.get("logRecords", sl.get("log_records"))):
+                    _fix_ids(record)
+        data = LogsData()
+        json_format.ParseDict(raw, data, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError, AttributeError):
+        raise OtelRefused("invalid_json", "not OTLP JSON logs") from None
+    return data
 
 
 def _check_spans(count: int, max_spans: int) -> None:

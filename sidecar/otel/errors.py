@@ -21,7 +21,11 @@ REASONS: Final = frozenset(
         "busy",
         "too_slow",
         # one span
-        "content_missing",
+        "content_missing_capture_off",
+        "content_on_logs_not_received",
+        "content_by_reference",
+        "log_without_span",
+        "content_empty",
         "no_conversation_id",
         "invalid_conversation_id",
         "oversized_attribute",

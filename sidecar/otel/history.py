@@ -122,6 +122,16 @@ class HistoryTracker:
         self._evict(keep=conversation_id)
         return Diff("rewritten", new, after_end=bool(new) and seen.ended_at is not None)
 
+    def known(self, conversation_id: str, digests: list[bytes]) -> int | None:
+        """How many leading messages of this history have already become events (0 for a conversation
+        not known here); ``None`` when the history does not extend what was seen. Changes nothing."""
+        seen = self._seen.get(conversation_id)
+        if seen is None:
+            return 0
+        if b"".join(digests).startswith(seen.view):
+            return len(seen.view) // DIGEST_BYTES
+        return None
+
     def end(self, conversation_id: str) -> EndDiff:
         """Place an end signal: the next index of the log, for a conversation known here.
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import Counter
-from collections.abc import Iterable, Sequence
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
 import structlog
+from opentelemetry.proto.logs.v1.logs_pb2 import LogsData
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
 
 from sidecar.errors import DecodeError
@@ -40,8 +42,10 @@ from sidecar.otel.ends import END_DIGEST, EndSignals
 from sidecar.otel.errors import OtelRefused
 from sidecar.otel.feedback import FeedbackEvent, read_feedback
 from sidecar.otel.history import HistoryTracker
+from sidecar.otel.logs import LogContent, SpanKey, has_reference, read_logs
 from sidecar.otel.messages import OtelMessage
 from sidecar.otel.metrics import OtelMetrics
+from sidecar.otel.refusals import RefusalLog
 from sidecar.otel.span_events import read_event_history
 
 log = structlog.get_logger(__name__)
@@ -57,6 +61,15 @@ AGENT_KEYS = ("gen_ai.agent.name", "agent.name")
 # How far up the parent chain an id is looked for (a chat span is rarely more than a few levels
 # below its invoke_agent span; the bound keeps a cyclic or hostile parent chain cheap).
 MAX_ANCESTORS = 64
+
+# The doors whose chat spans wait for the earlier model calls they read: the bridge, which reads a
+# backlog over several partitions and polls. The receiver reads spans in the order the app exported
+# them, and decides each request at once.
+WAITS_FOR_EARLIER_CALLS = frozenset({"bridge"})
+# Spans remembered as read, so content arriving later as log records is known as a copy.
+DONE_SPANS = 100_000
+# Spans of one trace kept for its held spans' ancestor lookups (a bound against a hostile trace).
+MAX_TRACE_SPANS = 10_000
 
 _AGENT_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
 _ENCODER = msgspec.json.Encoder()
@@ -95,11 +108,35 @@ class FeedbackSpan:
 
 
 @dataclass(slots=True)
+class HeldChat:
+    """A chat span waiting for the model calls whose replies it reads (``otel.hold.earlier_calls_seconds``)."""
+
+    chat: ChatSpan
+    deadline: float
+    door: str
+    source: Hashable | None
+    held: bool = False
+
+
+@dataclass(slots=True)
+class Orphan:
+    """A chat span with content and no conversation id yet, waiting for its parent
+    (``otel.hold.parent_seconds``)."""
+
+    span: Span
+    attrs: Attributes
+    deadline: float
+    door: str
+    source: Hashable | None
+    wait: str = "parent"  # or "logs": a model call without content, waiting for its log records
+
+
+@dataclass(slots=True)
 class Found:
     """What a door's input holds: chat spans (oldest first), end signals, people's feedback, and the
     count of the rest."""
 
-    chats: list[ChatSpan] = field(default_factory=list)
+    chats: list[HeldChat] = field(default_factory=list)
     ends: list[EndSpan] = field(default_factory=list)
     feedback: list[FeedbackSpan] = field(default_factory=list)
     ignored: int = 0
@@ -167,7 +204,8 @@ class _Trace:
         self.agent: str | None = None
 
     def add(self, span: Span, attrs: Attributes) -> None:
-        self.parents[span.span_id] = (span.parent_span_id, attrs)
+        if len(self.parents) < MAX_TRACE_SPANS:
+            self.parents[span.span_id] = (span.parent_span_id, attrs)
         if self.conversation is None:
             self.conversation = _first(attrs, CONVERSATION_KEYS)
         if self.agent is None:
@@ -197,7 +235,14 @@ def _first(attrs: Attributes, keys: tuple[str, ...]) -> str | None:
 class OtelIngest:
     """Normalise and diff; owned by one event loop (both doors share one instance and one tracker)."""
 
-    def __init__(self, config: OtelConfig, metrics: OtelMetrics, *, max_event_bytes: int) -> None:
+    def __init__(
+        self,
+        config: OtelConfig,
+        metrics: OtelMetrics,
+        *,
+        max_event_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         lim = config.limits
         self._limits = Limits(lim.max_attribute_bytes, lim.max_json_depth, lim.max_messages_per_span)
         self._metrics = metrics
@@ -205,14 +250,51 @@ class OtelIngest:
         self._ends = EndSignals(config.conversation_end)
         h = config.history
         self.tracker = HistoryTracker(h.max_conversations, h.max_state_bytes, h.idle_ttl_seconds)
+        self._hold = config.hold
+        self._clock = clock
+        self._refusal_log = RefusalLog()
+        self._held: list[HeldChat] = []
+        self._held_ends: list[tuple[str, EndSpan]] = []  # (door, end of a conversation with held spans)
+        self._orphans: list[Orphan] = []
+        self._orphan_traces: dict[bytes, _Trace] = {}
+        # GenAI content read from log records, waiting for its span: (deadline, events)
+        self._content: dict[SpanKey, tuple[float, list[Span.Event]]] = {}
+        # spans whose history was read, so their content arriving later as logs is a copy
+        self._done: OrderedDict[SpanKey, None] = OrderedDict()
+        self._logs_seen = False
+
+    @property
+    def holding(self) -> int:
+        """Spans held now (both waits, both doors)."""
+        return len(self._held) + len(self._orphans)
+
+    def due(self, door: str, now: float | None = None) -> bool:
+        """True when a span this door holds has reached its deadline (a derivation decides it)."""
+        now = self._clock() if now is None else now
+        held: list[HeldChat | Orphan] = [*self._held, *self._orphans]
+        return any(h.door == door and h.deadline <= now for h in held)
+
+    def held_sources(self, door: str) -> list[Hashable]:
+        """Where this door's held spans came from (the bridge commits no offset past them)."""
+        held: list[HeldChat | Orphan] = [*self._held, *self._orphans]
+        return [h.source for h in held if h.door == door and h.source is not None]
 
     def refuse_payload(self, door: str, reason: str) -> None:
         self._metrics.refused.labels(door, reason).inc()
 
-    def chat_spans(self, data: TracesData, refused: Counter[str], found: Found | None = None) -> Found:
+    def chat_spans(
+        self,
+        data: TracesData,
+        refused: Counter[str],
+        found: Found | None = None,
+        *,
+        door: str = "",
+        source: Hashable | None = None,
+        now: float = 0.0,
+    ) -> Found:
         """The payload's chat spans and end signals with their conversations, added to ``found``;
-        refusals are added to ``refused`` (nothing is counted in metrics here). Chat spans are
-        sorted oldest first."""
+        refusals are added to ``refused`` (nothing is counted in metrics here). A chat span without a
+        conversation id waits for its parent (``otel.hold.parent_seconds``) when holds are on."""
         found = found if found is not None else Found()
         traces: dict[bytes, _Trace] = {}
         candidates: list[tuple[Span, Attributes]] = []
@@ -220,26 +302,142 @@ class OtelIngest:
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     span_attrs: Attributes = {kv.key: kv.value for kv in span.attributes}
-                    traces.setdefault(span.trace_id, _Trace()).add(span, span_attrs)
+                    trace = traces.get(span.trace_id)
+                    if trace is None:
+                        # a trace with held spans keeps growing: a late parent is found there
+                        trace = self._orphan_traces.get(span.trace_id) or _Trace()
+                        traces[span.trace_id] = trace
+                    trace.add(span, span_attrs)
                     candidates.append((span, span_attrs))
         for span, attrs in candidates:
             trace = traces[span.trace_id]
             feedback = self._feedback(span, attrs, trace, refused) if span.events else []
             found.feedback.extend(feedback)
+            self._attach_content(span)
             try:
                 chat = self._chat_span(span, attrs, trace)
+            except OtelRefused as exc:
+                wait = self._wait_for(exc.reason, attrs)
+                if wait is not None and self._room():
+                    seconds = self._hold.parent_seconds if wait == "parent" else self._hold.logs_seconds
+                    self._orphans.append(Orphan(span, attrs, now + seconds, door, source, wait))
+                    self._orphan_traces[span.trace_id] = trace
+                    self._metrics.holds.labels(wait, "held").inc()
+                    continue
+                if wait is not None:
+                    self._metrics.holds.labels(wait, "full").inc()
+                refused[self._refusal(exc.reason, attrs)] += 1
+                continue
+            try:
                 end = self._end_span(span, attrs, trace) if self._ends.matches(span, attrs) else None
             except OtelRefused as exc:
                 refused[exc.reason] += 1
                 continue
             if chat is not None:
-                found.chats.append(chat)
+                self._read(span)
+                found.chats.append(HeldChat(chat, now + self._hold.earlier_calls_seconds, door, source))
             if end is not None:
                 found.ends.append(end)
             if chat is None and end is None and not feedback:
                 found.ignored += 1
-        found.chats.sort(key=lambda c: (c.start_ns, c.end_ns))
+        found.chats.sort(key=lambda h: (h.chat.start_ns, h.chat.end_ns))
         return found
+
+    def _room(self) -> bool:
+        return self.holding < self._hold.max_spans
+
+    def _wait_for(self, reason: str, attrs: Attributes) -> str | None:
+        """What a refused span may wait for: its parent, or its content as log records."""
+        if reason == "no_conversation_id" and self._hold.parent_seconds > 0:
+            return "parent"
+        if reason == "content_missing_capture_off" and self._hold.logs_seconds > 0 and not has_reference(attrs):
+            return "logs"
+        return None
+
+    def _refusal(self, reason: str, attrs: Attributes) -> str:
+        """The cause, told apart: content by reference, content on logs that did not come, capture off."""
+        if reason != "content_missing_capture_off":
+            return reason
+        if has_reference(attrs):
+            return "content_by_reference"
+        return "content_on_logs_not_received" if self._logs_seen else reason
+
+    def _attach_content(self, span: Span) -> None:
+        """Content read from log records becomes the span's events, as in event mode on the span."""
+        key = (span.trace_id, span.span_id)
+        content = self._content.pop(key, None)
+        if content is not None:
+            span.events.extend(content[1])
+
+    def _read(self, span: Span) -> None:
+        """The span's history was read: its content arriving later as log records is a copy."""
+        self._done[(span.trace_id, span.span_id)] = None
+        if len(self._done) > DONE_SPANS:
+            self._done.popitem(last=False)
+
+    def _store_logs(self, logs: Sequence[LogsData], refused: Counter[str], now: float) -> int:
+        """Keep the payloads' content events until their spans are read; returns the records ignored."""
+        found = LogContent()
+        for payload in logs:
+            read_logs(payload, found)
+        refused.update(found.refused)
+        for key, events in found.events.items():
+            self._logs_seen = True
+            if key in self._done and key not in self._content:
+                found.ignored += len(events)  # its span was read with content of its own (SPAN_AND_EVENT)
+                continue
+            deadline, held = self._content.get(key, (now + self._hold.logs_seconds, []))
+            if len(held) + len(events) > self._limits.max_messages + 2 or len(self._content) >= self._hold.max_spans:
+                refused["too_many_messages"] += 1
+                continue
+            self._content[key] = (deadline, held + events)
+        for key, (deadline, _) in list(self._content.items()):
+            if deadline <= now:
+                del self._content[key]
+                self._metrics.holds.labels("span", "expired").inc()
+        return found.ignored
+
+    def _orphans_found(self, door: str, found: Found, refused: Counter[str], now: float) -> None:
+        """Held spans of this door whose parent came (they join ``found``) or whose wait is over."""
+        keep: list[Orphan] = []
+        for o in self._orphans:
+            if o.door != door:
+                keep.append(o)
+                continue
+            trace = self._orphan_traces.get(o.span.trace_id) or _Trace()
+            self._attach_content(o.span)
+            try:
+                chat = self._chat_span(o.span, o.attrs, trace)
+            except OtelRefused as exc:
+                waits = exc.reason in ("no_conversation_id", "content_missing_capture_off")
+                if waits and o.deadline > now:
+                    keep.append(o)
+                    continue
+                if waits:
+                    self._metrics.holds.labels(o.wait, "expired").inc()
+                refused[self._refusal(exc.reason, o.attrs)] += 1
+                continue
+            self._metrics.holds.labels(o.wait, "released").inc()
+            if chat is not None:
+                self._read(o.span)
+                found.chats.append(HeldChat(chat, now + self._hold.earlier_calls_seconds, door, o.source))
+        self._orphans = keep
+        waiting = {o.span.trace_id for o in keep}
+        self._orphan_traces = {t: v for t, v in self._orphan_traces.items() if t in waiting}
+
+    def _waits_for_earlier_calls(self, held: HeldChat, now: float, deciding: set[str]) -> bool:
+        """True when the span reads replies of model calls not derived yet and may still wait for them
+        (each reply's event then carries the span that produced it, whatever order spans come in)."""
+        chat = held.chat
+        if held.door not in WAITS_FOR_EARLIER_CALLS or self._hold.earlier_calls_seconds <= 0:
+            return False
+        if held.deadline <= now or chat.conversation_id in deciding:
+            return False
+        known = self.tracker.known(chat.conversation_id, [m.digest() for m in chat.history])
+        if known is None:
+            return False
+        # the last message is the call's own output; an assistant message before it is an earlier call's
+        return any(m.role == "assistant" for m in chat.history[known:-1])
 
     def _ids(self, span: Span, attrs: Attributes, trace: _Trace) -> tuple[str, str | None]:
         conversation = _first(attrs, CONVERSATION_KEYS) or trace.lookup(span, CONVERSATION_KEYS, trace.conversation)
@@ -255,10 +453,10 @@ class OtelIngest:
             history = read_event_history(span, self._limits)
         if history is None:
             if is_llm_span(attrs):
-                raise OtelRefused("content_missing", "a model call without message content (capture is off)")
+                raise OtelRefused("content_missing_capture_off", "a model call without message content")
             return None
         if not history:
-            raise OtelRefused("content_missing", "a model call with an empty history")
+            raise OtelRefused("content_empty", "a model call with an empty history")
         conversation, agent = self._ids(span, attrs, trace)
         return ChatSpan(
             conversation,
@@ -301,19 +499,51 @@ class OtelIngest:
         for reason, n in out.refused.items():
             m.spans.labels(door, "refused").inc(n)
             m.refused.labels(door, reason).inc(n)
+            self._refusal_log.note(door, reason, n)
         for outcome, n in out.ends.items():
             m.ends.labels(door, outcome).inc(n)
 
-    def derive(self, data: TracesData | Sequence[TracesData], door: str) -> Derived:
+    def derive(
+        self,
+        data: TracesData | Sequence[TracesData],
+        door: str,
+        *,
+        sources: Sequence[Hashable] | None = None,
+        logs: Sequence[LogsData] = (),
+        now: float | None = None,
+    ) -> Derived:
         """The records a payload (or several: a bridge poll) yields, chat spans oldest first across
-        all of them, end signals after every chat span (the tracker's state moves on at once: see
-        :meth:`forget`)."""
+        all of them and the spans this door held (see :class:`~sidecar.otel.config.OtelHoldConfig`),
+        end signals after every chat span (the tracker's state moves on at once: see :meth:`forget`).
+        ``sources`` names where each payload came from (:meth:`held_sources`); ``logs``: GenAI content
+        as log records (:mod:`sidecar.otel.logs`), joined to its spans by trace and span id."""
+        now = self._clock() if now is None else now
         out = Derived()
         found = Found()
-        for payload in [data] if isinstance(data, TracesData) else data:
-            self.chat_spans(payload, out.refused, found)
-        found.chats.sort(key=lambda c: (c.start_ns, c.end_ns))
-        for chat in found.chats:
+        found.ignored += self._store_logs(logs, out.refused, now)
+        payloads = [data] if isinstance(data, TracesData) else list(data)
+        for k, payload in enumerate(payloads):
+            source = None if sources is None else sources[k]
+            self.chat_spans(payload, out.refused, found, door=door, source=source, now=now)
+        self._orphans_found(door, found, out.refused, now)
+        mine = [h for h in self._held if h.door == door]
+        self._held = [h for h in self._held if h.door != door]
+        # a conversation one of whose held spans is due is decided in full now, oldest span first
+        deciding = {h.chat.conversation_id for h in mine if h.deadline <= now}
+        chats = sorted([*mine, *found.chats], key=lambda h: (h.chat.start_ns, h.chat.end_ns))
+        for held in chats:
+            chat = held.chat
+            if self._waits_for_earlier_calls(held, now, deciding):
+                if held.held or self._room():
+                    if not held.held:
+                        self._metrics.holds.labels("earlier_calls", "held").inc()
+                        held.held = True
+                    self._held.append(held)
+                    continue
+                self._metrics.holds.labels("earlier_calls", "full").inc()
+            elif held.held:
+                outcome = "expired" if held.deadline <= now or chat.conversation_id in deciding else "released"
+                self._metrics.holds.labels("earlier_calls", outcome).inc()
             try:
                 out.records.extend(self._events(chat, out))
             except OtelRefused as exc:
@@ -321,12 +551,7 @@ class OtelIngest:
                 continue
             out.conversations.add(chat.conversation_id)
             out.chat_spans += 1
-        for end in found.ends:
-            out.end_spans += 1
-            record = self._end_event(end, out)
-            if record is not None:
-                out.records.append(record)
-                out.conversations.add(end.conversation_id)
+        self._ends_found(door, found.ends, out)
         for fb in found.feedback:  # takes no seq: the history tracker is not involved
             try:
                 out.records.append(self._feedback_event(fb))
@@ -338,6 +563,20 @@ class OtelIngest:
         self._metrics.conversations.set(len(self.tracker))
         self._metrics.state_bytes.set(self.tracker.state_bytes)
         return out
+
+    def _ends_found(self, door: str, found: list[EndSpan], out: Derived) -> None:
+        waiting = {h.chat.conversation_id for h in self._held}
+        ends = [e for d, e in self._held_ends if d == door] + found
+        self._held_ends = [(d, e) for d, e in self._held_ends if d != door]
+        for end in ends:
+            if end.conversation_id in waiting:  # placed after the held spans' messages
+                self._held_ends.append((door, end))
+                continue
+            out.end_spans += 1
+            record = self._end_event(end, out)
+            if record is not None:
+                out.records.append(record)
+                out.conversations.add(end.conversation_id)
 
     def forget(self, conversations: Iterable[str]) -> None:
         """Events for these conversations did not reach Kafka: re-derive them in full next time."""

@@ -55,6 +55,16 @@ class OtelMetrics:
             "Memory taken by the remembered histories (estimate).",
             registry=registry,
         )
+        self.holds = Counter(
+            "sidecar_otel_holds_total",
+            "Spans held back before their decision, by what they waited for (parent: a parent span with the "
+            "conversation id; earlier_calls: the model calls whose replies they read; logs: their content as "
+            "OTLP log records; span: content from log records waiting for its span) and outcome (held: a span "
+            "starts waiting; released: what it waited for came in time; expired: it did not, and the span was "
+            "decided as it was; full: otel.hold.max_spans were held, so it was decided at once).",
+            ["wait", "outcome"],
+            registry=registry,
+        )
         self.requests = Counter(
             "sidecar_otel_receiver_requests_total",
             "OTLP/HTTP export requests answered, by status code.",

@@ -13,12 +13,14 @@ The walk also counts the spans, so a payload with too many is refused before any
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, TypeVar, overload
 
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from sidecar.otel.errors import OtelRefused
+
+M = TypeVar("M", bound=Message)
 
 _LEN: Final = 2
 _SKIP: Final = {0: -1, 1: 8, 5: 4}  # varint (read), fixed64, fixed32; groups (3, 4) are refused
@@ -115,9 +117,16 @@ def slices(payload: bytes, spans_per_slice: int) -> tuple[int, list[bytes]]:
     return count, out
 
 
-def parse_slices(parts: list[bytes]) -> TracesData:
-    """Merge the slices into one message (each parse is short: the interpreter is free between them)."""
-    data = TracesData()
+@overload
+def parse_slices(parts: list[bytes]) -> TracesData: ...
+@overload
+def parse_slices(parts: list[bytes], into: M) -> M: ...
+def parse_slices(parts: list[bytes], into: Message | None = None) -> Message:
+    """Merge the slices into one message (each parse is short: the interpreter is free between them).
+
+    ``into``: an empty ``TracesData``; an empty ``LogsData`` reads log records the same way (``LogsData`` ->
+    ``ResourceLogs`` -> ``ScopeLogs`` -> ``LogRecord`` has the same field numbers)."""
+    data = TracesData() if into is None else into
     try:
         for part in parts:
             # protobuf bounds nesting itself (100 levels of AnyValue): deeper input is a DecodeError.

@@ -138,6 +138,9 @@ def running_sidecar(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFa
             judge={"enabled": True, "sample_rate": 0.0,
                    "llm": {"base_url": vllm_server.base_url, "model": vllm_server.base_model}},
             training_store={"enabled": True, "backend": "file", "directory": str(root / "training")},
+            # The OpenTelemetry panels read sidecar_otel_* (registered with a door on).
+            otel={"receiver": {"enabled": True, "host": "127.0.0.1", "port": free_port(),
+                               "allow_unauthenticated": True}},
         )  # fmt: skip
         log = root / "sidecar.log"
         process = SidecarProcess(cfg, log)

@@ -15,7 +15,10 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 def ingest(registry: CollectorRegistry) -> OtelIngest:
-    return OtelIngest(OtelConfig(), OtelMetrics(registry), max_event_bytes=1 << 20)
+    # Decides at once: the waits for a late parent, for earlier calls and for content as log records
+    # are tested on their own (test_late_parent, test_backlog, test_logs).
+    config = OtelConfig(hold={"parent_seconds": 0, "logs_seconds": 0})
+    return OtelIngest(config, OtelMetrics(registry), max_event_bytes=1 << 20)
 
 
 def refused(registry: CollectorRegistry, reason: str, door: str = "test") -> float:

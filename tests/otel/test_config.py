@@ -70,3 +70,11 @@ def test_an_unusable_token_is_refused_without_being_echoed(token: str, monkeypat
     assert "bearer_token" in str(err.value)
     if token.strip():
         assert "t0" not in str(err.value)
+
+
+def test_the_bridge_dead_letter_topic_follows_its_topic() -> None:
+    from sidecar.otel.config import OtlpKafkaBridgeConfig
+
+    assert OtlpKafkaBridgeConfig().dead_letter_topic == "otlp_spans.dlq"
+    assert OtlpKafkaBridgeConfig(topic="team-a.spans").dead_letter_topic == "team-a.spans.dlq"
+    assert OtlpKafkaBridgeConfig(topic="t", dead_letter_topic="elsewhere").dead_letter_topic == "elsewhere"

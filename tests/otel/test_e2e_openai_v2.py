@@ -2,7 +2,9 @@
 with ``opentelemetry-instrumentation-openai-v2``, exporting with the OTel SDK's OTLP/HTTP exporter
 to the receiver. The model is a small fake OpenAI server that answers with a tool call: the suite's
 vLLM model (random weights) cannot be made to call a tool, and the tool-call attributes the
-instrumentation writes are the point here. The events equal a native producer's. The same agent
+instrumentation writes are the point here. The events equal a native producer's, in each content
+mode: ``SPAN_ONLY`` (content on the span), ``EVENT_ONLY`` (content only as log records, exported with
+the SDK's OTLP/HTTP log exporter to ``/v1/logs``) and ``SPAN_AND_EVENT`` (both). The same agent
 against vLLM, with all three instrumentations, is ``test_e2e_instrumentations.py``."""
 
 from __future__ import annotations
@@ -74,14 +76,21 @@ async def fake_openai() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def test_openai_v2_spans_become_the_native_events(fake_openai: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("mode", ["SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT"])
+async def test_openai_v2_spans_become_the_native_events(
+    fake_openai: str, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
-    metrics = OtelMetrics(CollectorRegistry())
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", mode)
+    registry = CollectorRegistry()
+    metrics = OtelMetrics(registry)
     producer = RecordingProducer()
     receiver = OtlpHttpReceiver(
         OtlpReceiverConfig(enabled=True, host="127.0.0.1", port=0, allow_unauthenticated=True),
@@ -95,8 +104,12 @@ async def test_openai_v2_spans_become_the_native_events(fake_openai: str, monkey
     provider.add_span_processor(
         BatchSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver.port}/v1/traces"))
     )
+    logger_provider = LoggerProvider()
+    logger_provider.add_log_record_processor(
+        BatchLogRecordProcessor(OTLPLogExporter(endpoint=f"http://127.0.0.1:{receiver.port}/v1/logs"))
+    )
     instrumentor = OpenAIInstrumentor()
-    instrumentor.instrument(tracer_provider=provider)
+    instrumentor.instrument(tracer_provider=provider, logger_provider=logger_provider)
     client = openai.AsyncOpenAI(base_url=fake_openai, api_key="none", max_retries=0)
     try:
         tracer = provider.get_tracer("agent")
@@ -148,10 +161,12 @@ async def test_openai_v2_spans_become_the_native_events(fake_openai: str, monkey
             messages.append({"role": "user", "content": "Thanks!"})
             await call()
         assert await asyncio.to_thread(provider.force_flush, 10_000)
+        assert await asyncio.to_thread(logger_provider.force_flush, 10_000)
     finally:
         await client.close()
         instrumentor.uninstrument()
         await asyncio.to_thread(provider.shutdown)
+        await asyncio.to_thread(logger_provider.shutdown)
         await receiver.stop()
 
     native = [
@@ -175,3 +190,12 @@ async def test_openai_v2_spans_become_the_native_events(fake_openai: str, monkey
     assert list(logs) == ["conv-e2e"]
     assert [e.message for e in logs["conv-e2e"]] == [e.message for e in native_events("conv-e2e", native)]
     assert {e.agent for e in logs["conv-e2e"]} == {"booking"}
+    # nothing refused, nothing waited in vain (in EVENT_ONLY the spans carry no content: every
+    # message came from the log records)
+    assert (
+        registry.get_sample_value(
+            "sidecar_otel_refused_total", {"door": "receiver", "reason": "content_missing_capture_off"}
+        )
+        is None
+    )
+    assert registry.get_sample_value("sidecar_otel_holds_total", {"wait": "logs", "outcome": "expired"}) is None

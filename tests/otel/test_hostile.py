@@ -33,9 +33,9 @@ GOOD = chat_attrs("genai", conversation(1), "c-1")
         # content capture off: a model call without messages
         (
             {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m", "gen_ai.conversation.id": "c"},
-            "content_missing",
+            "content_missing_capture_off",
         ),
-        ({"openinference.span.kind": "LLM", "session.id": "c"}, "content_missing"),
+        ({"openinference.span.kind": "LLM", "session.id": "c"}, "content_missing_capture_off"),
         ({k: v for k, v in GOOD.items() if k != "gen_ai.conversation.id"}, "no_conversation_id"),
         (GOOD | {"gen_ai.conversation.id": "c-1\nforged-line"}, "invalid_conversation_id"),
         (GOOD | {"gen_ai.conversation.id": "x" * 1_048_576}, "invalid_conversation_id"),

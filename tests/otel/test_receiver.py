@@ -54,7 +54,7 @@ async def served(registry: CollectorRegistry) -> AsyncIterator[tuple[httpx.Async
     producer = RecordingProducer()
     from sidecar.otel.config import OtelConfig
 
-    ingest = OtelIngest(OtelConfig(), metrics, max_event_bytes=1 << 20)
+    ingest = OtelIngest(OtelConfig(hold={"parent_seconds": 0, "logs_seconds": 0}), metrics, max_event_bytes=1 << 20)
     receiver = OtlpHttpReceiver(cfg, ingest, producer, metrics, events_topic="events")  # type: ignore[arg-type]
     await receiver.start()
     try:
@@ -102,8 +102,12 @@ async def test_refused_spans_are_reported_as_partial_success(
     assert r.status_code == 200
     partial = ExportTraceServiceResponse.FromString(r.content).partial_success
     assert partial.rejected_spans == 2
-    assert partial.error_message == "refused spans: content_missing=1, no_conversation_id=1"
-    assert refused(registry, "content_missing", "receiver") == 1
+    message = partial.error_message
+    # the counts, then each cause's fix in words
+    assert message.startswith("refused spans: content_missing_capture_off=1, no_conversation_id=1.")
+    assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY" in message
+    assert "no_conversation_id: no gen_ai.conversation.id" in message
+    assert refused(registry, "content_missing_capture_off", "receiver") == 1
 
 
 @pytest.mark.parametrize(
@@ -164,7 +168,8 @@ async def test_kafka_down_is_503_and_the_retry_delivers_everything(
 async def test_only_post_on_the_otlp_path(served: tuple[httpx.AsyncClient, RecordingProducer]) -> None:
     client, _ = served
     assert (await client.get("/v1/traces")).status_code == 405
-    assert (await client.post("/v1/logs", content=b"", headers=PROTO)).status_code == 404
+    assert (await client.get("/v1/logs")).status_code == 405
+    assert (await client.post("/v1/metrics", content=b"", headers=PROTO)).status_code == 404
 
 
 async def test_multi_member_gzip_delivers_every_member_and_trailing_bytes_are_400(

@@ -6,6 +6,7 @@ JSON text (AWS Strands), the v1.37 attributes on an ``operation.details`` event,
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -161,8 +162,10 @@ def test_an_agent_span_with_message_events_is_not_a_model_call() -> None:
 def test_a_span_without_message_events_reads_as_before() -> None:
     span = with_events(MODEL_CALL, [("exception", {"exception.message": "x"})])
     assert read_event_history(span, LIMITS) is None
-    derived = ingest().derive(traces([span]), "test")
-    assert derived.refused == {"content_missing": 1}  # a model call, its content not captured
+    door = ingest()
+    assert door.derive(traces([span]), "test").refused == {}  # it waits for its content as log records
+    derived = door.derive([], "test", now=math.inf)
+    assert derived.refused == {"content_missing_capture_off": 1}  # a model call, its content not captured
 
 
 @pytest.mark.parametrize(
