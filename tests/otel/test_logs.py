@@ -24,6 +24,7 @@ from sidecar.otel.config import OtelConfig, OtlpReceiverConfig
 from sidecar.otel.ingest import OtelIngest
 from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.receiver import OtlpHttpReceiver
+from sidecar.otel.wire import _tag_len
 from tests.otel.conftest import refused
 from tests.otel.spans import any_value, chat_attrs, conversation, decoded, make_span, model_calls, traces
 from tests.otel.test_backlog import Clock
@@ -278,6 +279,17 @@ def deep_record(span: Span) -> bytes:
     return logs([record]).SerializeToString()
 
 
+def proto_nesting_bomb(levels: int = 500) -> bytes:
+    """A LogsData whose one attribute is an array in an array ... ``levels`` deep, written byte by
+    byte (the protobuf library refuses to build it)."""
+    value = AnyValue(string_value="x").SerializeToString()
+    for _ in range(levels):
+        value = _tag_len(5, _tag_len(1, value))  # AnyValue.array_value { ArrayValue.values }
+    kv = _tag_len(1, b"gen_ai.input.messages") + _tag_len(2, value)
+    record = LogRecord(event_name="gen_ai.client.inference.operation.details").SerializeToString() + _tag_len(6, kv)
+    return _tag_len(1, _tag_len(2, _tag_len(2, record)))  # LogsData > ResourceLogs > ScopeLogs > LogRecord
+
+
 def many_records() -> bytes:
     return logs([LogRecord(event_name="x") for _ in range(51)]).SerializeToString()
 
@@ -294,24 +306,28 @@ def many_records() -> bytes:
             "invalid_json",
         ),
         (b"[" * 100_000, {"Content-Type": "application/json"}, 413, "oversized"),
+        (b'{"resourceLogs": ' + b"[" * 50_000, {"Content-Type": "application/json"}, 400, "invalid_json"),
         (b"x", {"Content-Type": "text/plain"}, 415, "unsupported_content_type"),
         (b"x" * (65 * 1024), PROTO, 413, "oversized"),
         (gzip.compress(b"\0" * (1 << 20)), {**PROTO, "Content-Encoding": "gzip"}, 413, "oversized"),
         (b"not gzip", {**PROTO, "Content-Encoding": "gzip"}, 400, "invalid_gzip"),
         (b"", PROTO, 400, "empty"),
         (many_records(), PROTO, 413, "too_many_spans"),
+        (proto_nesting_bomb(), PROTO, 400, "invalid_protobuf"),
     ],
     ids=[
         "bad_proto",
         "bad_json",
         "bad_id",
         "json_bomb",
+        "json_nesting",
         "text",
         "too_big",
         "gzip_bomb",
         "bad_gzip",
         "empty",
         "too_many",
+        "proto_nesting",
     ],
 )
 async def test_hostile_logs_get_clear_4xx(
