@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from sidecar.alerting.sinks.base import AlertSink
     from sidecar.clustering.live import GoalClusterer
     from sidecar.scoring.hooks import ScoringHooks
+    from sidecar.telemetry.overview import Overview
     from sidecar.training_store.sink import TrainingStoreSink
     from sidecar.training_store.topic import KafkaTrainingStoreSink
 
@@ -75,6 +76,7 @@ class Assembly:
     json_routes: dict[str, Callable[[], object]] = field(default_factory=dict)
     page_routes: dict[str, PageRoute] = field(default_factory=dict)
     feedback: FeedbackSink | None = None
+    overview: Overview | None = None
 
 
 def _follow_routes(
@@ -139,17 +141,29 @@ def build_hooks(config: SidecarConfig, registry: CollectorRegistry, leadership: 
             out.components.append(result_sink)
             out.health.append(result_sink)
     escalations = build_escalations(config, registry, labels)
+    _pages(config, registry, escalations, out)
+    out.sinks.append(escalations)
+    out.components.append(escalations)
+    out.health.append(escalations)
+    _take_feedback(config, registry, labels, escalations, out)
+    return out
+
+
+def _pages(config: SidecarConfig, registry: CollectorRegistry, escalations: Escalations, out: Assembly) -> None:
+    """The operator pages: the overview at ``/`` and, when on, the trees and escalations."""
+    from sidecar.telemetry.overview import Overview
+
+    has_tree = None
     if config.tree_view.enabled:
         from sidecar.trees.view import TreeView
 
         view = TreeView(config.tree_view, include_text=config.alerting.include_text)
         escalations.observe(view.observe)
         out.page_routes.update(view.routes())
-    out.sinks.append(escalations)
-    out.components.append(escalations)
-    out.health.append(escalations)
-    _take_feedback(config, registry, labels, escalations, out)
-    return out
+        has_tree = view.has
+    out.overview = Overview(registry, has_tree=has_tree)
+    escalations.observe(out.overview.observe)
+    out.components.append(out.overview)
 
 
 def _take_feedback(
@@ -253,7 +267,10 @@ async def run_app(
         [source, *assembly.health, leadership, supervisor],
         assembly.json_routes,
         page_routes=assembly.page_routes,
+        index=assembly.overview.route() if assembly.overview is not None else None,
     )
+    if assembly.overview is not None:
+        assembly.overview.bind_readiness(http.readiness)
     tune_gc()
     started: list[Component] = []
     # Every background task, the components' own included (they spawn them in start()), lives in

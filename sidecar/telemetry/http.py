@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,7 +70,14 @@ from sidecar.telemetry.exposure import (
 from sidecar.telemetry.inflight import IN_FLIGHT, RequestsInFlight, busy
 from sidecar.telemetry.listener import Listener
 from sidecar.telemetry.web_config import WebConfig, load_web_config
-from sidecar.telemetry.web_safety import NO_STORE, PAGE_HEADERS, extra_headers, security_headers, who_asked
+from sidecar.telemetry.web_safety import (
+    NO_STORE,
+    PAGE_HEADERS,
+    extra_headers,
+    json_text,
+    security_headers,
+    who_asked,
+)
 
 log = structlog.get_logger()
 
@@ -359,7 +365,7 @@ class HttpServer:
                 result: Any = fn()
                 if inspect.isawaitable(result):
                     result = await result
-                text = json.dumps(result, ensure_ascii=False, default=str)
+                text = json_text(result)  # invisible characters as \uXXXX escapes
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

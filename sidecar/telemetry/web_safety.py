@@ -5,12 +5,15 @@
 ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: no-referrer`` everywhere, and
 :data:`PAGE_CSP` on every HTML or SVG document. Page and JSON routes add :data:`NO_STORE`
 themselves. :func:`who_asked` gives the fields an audit line logs about the client.
+:func:`json_text` is the JSON of the JSON routes, with no invisible character raw in it.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -57,6 +60,39 @@ def extra_headers(headers: Mapping[str, str]) -> Callable[[web.Request, web.Stre
     return add
 
 
+# The characters the pages show as a visible escape (sidecar/trees/svg.py, docs/security.md): controls,
+# every format character (soft hyphen, bidi controls, zero-width characters, the tag characters),
+# the line and paragraph separators, surrogates, noncharacters and the invisible fillers and
+# variation selectors. The same set as the pages', checked over every code point by
+# tests/telemetry/test_json_escape.py.
+_NONCHARACTERS: Final = "".join(f"{chr(p * 0x10000 + 0xFFFE)}{chr(p * 0x10000 + 0xFFFF)}" for p in range(17))
+_INVISIBLE: Final = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
+    "\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164"
+    "\ud800-\udfff\ufdd0-\ufdef\ufe00-\ufe0d\ufeff\uffa0\ufff9-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e007f\U000e0100-\U000e01ef" + re.escape(_NONCHARACTERS) + "]"
+)
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # a UTF-16 surrogate pair, as JSON writes a code point above U+FFFF
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def json_text(value: Any) -> str:
+    """``value`` as JSON, other text as is, but every invisible character as a ``\\uXXXX`` escape.
+
+    A JSON parser reads the same strings back; the body itself carries none of these characters
+    raw, so a browser or a terminal showing it cannot be made to hide, reorder or break lines.
+    json.dumps writes them only inside strings, where an escape means the same character. A lone
+    surrogate (which UTF-8 cannot encode) is escaped too, instead of failing the response."""
+    return _INVISIBLE.sub(_json_escape, json.dumps(value, ensure_ascii=False, default=str))
+
+
 def _printable(value: str | None) -> str | None:
     """A client-supplied header as a log field: cut, and every unprintable character as U+FFFD."""
     if value is None:
@@ -81,6 +117,7 @@ __all__ = [
     "NO_STORE",
     "PAGE_CSP",
     "PAGE_HEADERS",
+    "json_text",
     "security_headers",
     "who_asked",
 ]

@@ -27,7 +27,11 @@ text-align:left;vertical-align:top}th{background:#f4f4f4}td.num{text-align:right
 dl{display:grid;grid-template-columns:max-content auto;gap:.15em 1em}dt{color:#555}dd{margin:0}
 .muted{color:#777}.sev-critical{color:#b00020;font-weight:600}.sev-warning{color:#b35c00}
 pre.text{white-space:pre-wrap;background:#f7f7f7;padding:.6em;border-radius:4px;max-height:20em;overflow:auto}
-.scroll{overflow:auto;border:1px solid #eee;max-height:80vh}
+.scroll{overflow:auto;border:1px solid #eee;max-height:85vh}
+nav{margin:.4em 0 1em}.ok{color:#2b8a3e;font-weight:600}.bad{color:#b00020;font-weight:600}
+ul.legend{list-style:none;padding:0;margin:.3em 0 1em;display:flex;flex-wrap:wrap;gap:.3em 1.4em}
+svg.swatch{vertical-align:-1px}svg.chart{max-width:100%;height:auto}
+body.wide{max-width:none}svg.rtree{display:block}
 """
 MAX_ROW_TEXT = 300
 STYLESHEET = "pages.css"
@@ -80,7 +84,7 @@ class StoredTree:
     facts: Mapping[str, Detail] = field(default_factory=dict)
 
 
-def _iso(ts: float) -> str:
+def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
@@ -90,15 +94,23 @@ def _value(v: Detail) -> str:
     return "—" if v is None else str(v)
 
 
-def document(title: str, body: Iterable[str], *, root: str = "") -> str:
+def document(title: str, body: Iterable[str], *, root: str = "", wide: bool = False) -> str:
     """A complete HTML document around ``body`` (already escaped pieces); ``root`` is the relative
-    path from the page to the server's root (``""`` or ``"../"``), where the stylesheet is."""
+    path from the page to the server's root (``""`` or ``"../"``), where the stylesheet and the
+    overview are. ``wide``: the page uses the whole window width (tree pages)."""
+    attrs = ' class="wide"' if wide else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f'<title>{escape(title)}</title><link rel="stylesheet" href="{escape(root + STYLESHEET)}">'
-        f"</head><body>{''.join(body)}</body></html>"
+        f"</head><body{attrs}>{''.join(body)}</body></html>"
     )
+
+
+def nav(root: str = "") -> str:
+    """The links every page starts with: the overview at ``/`` and the escalations list."""
+    home, listing = escape(root or "./"), escape(root + "escalations")
+    return f'<nav><a href="{home}">overview</a> · <a href="{listing}">escalations</a></nav>'
 
 
 def _facts(pairs: Iterable[tuple[str, Detail]]) -> str:
@@ -128,14 +140,14 @@ def tree_page(tree: StoredTree) -> str:
         ("agent", e.agent),
         ("tenant", e.tenant),
         ("goal", e.goal),
-        ("flagged at", _iso(e.created_at_unix)),
+        ("flagged at", iso(e.created_at_unix)),
         ("model", tree.model),
         ("budget hit", tree.budget_hit),
         *tree.facts.items(),
     ]
     body = [
+        nav("../"),
         f"<h1>Response tree: {escape(e.summary)}</h1>",
-        '<p><a href="../escalations">recent escalations</a></p>',
         _facts(facts),
     ]
     best = shape.best()
@@ -145,7 +157,7 @@ def tree_page(tree: StoredTree) -> str:
         f'<h2>Tree ({shape.leaves} leaves)</h2><p class="muted">{escape(legend)}</p>',
         f'<div class="scroll">{render_svg(shape, title=f"response tree of alert {e.id}")}</div>',
     ]
-    return document(f"response tree {e.id}", body, root="../")
+    return document(f"response tree {e.id}", body, root="../", wide=True)
 
 
 def escalations_page(items: Iterable[Escalation], with_tree: set[str], capacity: int) -> str:
@@ -156,7 +168,7 @@ def escalations_page(items: Iterable[Escalation], with_tree: set[str], capacity:
         details = ", ".join(f"{escape(k)}={escape(_value(v))}" for k, v in e.details)
         text = "".join(f'<div class="muted">{escape(k)}: {escape(clip(v, MAX_ROW_TEXT))}</div>' for k, v in e.text)
         rows.append(
-            f"<tr><td>{_iso(e.created_at_unix)}</td><td>{escape(e.kind)}</td>"
+            f"<tr><td>{iso(e.created_at_unix)}</td><td>{escape(e.kind)}</td>"
             f'<td class="sev-{escape(e.severity)}">{escape(e.severity)}</td><td>{escape(e.agent)}</td>'
             f'<td>{escape(clip(e.conversation_id, 60))}</td><td class="num">{e.turn}</td>'
             f'<td>{escape(e.summary)}{text}<div class="muted">{details}</div></td><td>{link}</td></tr>'
@@ -168,6 +180,7 @@ def escalations_page(items: Iterable[Escalation], with_tree: set[str], capacity:
         else "<p>No escalation since this process started.</p>"
     )
     body = [
+        nav(),
         "<h1>Recent escalations</h1>",
         f'<p class="muted">The last {capacity} alerts this replica decided, newest first; trees of the most '
         "recent uncertain turns are linked while they are kept in memory.</p>",
@@ -180,6 +193,6 @@ def message_page(title: str, message: str) -> str:
     """A small page for 400/404 answers under ``/trees/``."""
     return document(
         title,
-        [f"<h1>{escape(title)}</h1><p>{escape(message)}</p>", '<p><a href="../escalations">recent escalations</a></p>'],
+        [nav("../"), f"<h1>{escape(title)}</h1><p>{escape(message)}</p>"],
         root="../",
     )

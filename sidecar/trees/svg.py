@@ -83,13 +83,20 @@ def one_line(text: str, limit: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SvgStyle:
-    """Geometry and limits of the drawing."""
+    """Geometry and limits of the drawing.
 
-    plot_width: int = 760
-    max_px_per_char: float = 7.0
-    row_height: int = 18
-    margin: int = 14
-    label_width: int = 150
+    Sized to be read at 100 % zoom: text is ``font_size`` px (snippets ``snippet_font_size``), the
+    plot is ``plot_width`` px wide for a short tree and grows (the page scrolls horizontally) when
+    ``min_px_per_char`` would not fit the longest branch, rather than shrinking the drawing."""
+
+    plot_width: int = 980
+    max_px_per_char: float = 9.0
+    min_px_per_char: float = 2.5
+    row_height: int = 34
+    margin: int = 16
+    label_width: int = 200
+    font_size: int = 13
+    snippet_font_size: int = 12
     max_title_chars: int = 600
     max_label_chars: int = 40
     color: str = "#4a6b8a"
@@ -120,9 +127,9 @@ def render_svg(shape: TreeShape, style: SvgStyle = SvgStyle(), title: str = "res
     """The tree as a standalone SVG document (also valid inline in HTML)."""
     rows = shape.rows()
     extent = max((b.start + b.length for b in shape.branches), default=0)
-    scale = min(style.max_px_per_char, style.plot_width / max(1, extent))
+    scale = max(style.min_px_per_char, min(style.max_px_per_char, style.plot_width / max(1, extent)))
     lane_of = {b: r for r, b in enumerate(rows)}
-    width = style.margin * 2 + style.plot_width + style.label_width
+    width = style.margin * 2 + max(style.plot_width, math.ceil(extent * scale) + 16) + style.label_width
     height = style.margin * 2 + style.row_height * max(1, len(rows)) + 8
     best = shape.best()
     path = shape.best_path()
@@ -137,7 +144,7 @@ def render_svg(shape: TreeShape, style: SvgStyle = SvgStyle(), title: str = "res
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="rtree" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(clip(title, 200))}" '
-        f'data-leaves="{shape.leaves}" font-family="sans-serif" font-size="10">',
+        f'data-leaves="{shape.leaves}" font-family="sans-serif" font-size="{style.font_size}">',
         f"<title>{escape(clip(title, 200))}</title>",
     ]
     # The highlighted path last, so it is drawn on top of its siblings.
@@ -178,12 +185,12 @@ def render_svg(shape: TreeShape, style: SvgStyle = SvgStyle(), title: str = "res
             f'stroke-width="1.2"/>'
         )
         label = f"{lp}  p={p:.3f}" if p >= 0.001 else f"{lp}"
-        out.append(f'<text x="{_fmt(end + 6)}" y="{_fmt(yb + 3.5)}" fill="#333">{escape(label)}</text>')
+        out.append(f'<text x="{_fmt(end + 7)}" y="{_fmt(yb + style.font_size / 3)}" fill="#333">{escape(label)}</text>')
         if b.text:
             snippet = one_line(b.text, style.max_label_chars)
             out.append(
-                f'<text class="snippet" x="{_fmt(x(b.start) + 10)}" y="{_fmt(yb - 4)}" fill="#555" '
-                f'font-size="8">{escape(snippet)}</text>'
+                f'<text class="snippet" x="{_fmt(x(b.start) + 10)}" y="{_fmt(yb - 6)}" fill="#555" '
+                f'font-size="{style.snippet_font_size}">{escape(snippet)}</text>'
             )
         out.append("</g>")
     if shape.dropped:

@@ -91,6 +91,10 @@ class TreeView:
             self._trees.move_to_end(alert_id)
         return tree
 
+    def has(self, alert_id: str) -> bool:
+        """Whether a tree is kept for ``alert_id`` (without marking it used)."""
+        return alert_id in self._trees
+
     def recent(self) -> list[Escalation]:
         """Kept escalations, newest first."""
         return list(reversed(self._recent))

@@ -198,7 +198,8 @@ async def test_pages_hold_no_script_no_inline_style_and_only_known_links(served:
             assert set(attrs) <= {"charset", "name", "content"} and "http-equiv" not in attrs
         if tag in ("a", "link"):
             href = attrs["href"] or ""
-            assert href in ("../escalations", "../pages.css", "pages.css") or href == f"trees/{served.alert.id}"
+            known = ("./", "../", "escalations", "../escalations", "../pages.css", "pages.css")
+            assert href in known or href == f"trees/{served.alert.id}"
     [stylesheet] = [urljoin(url, a["href"] or "") for t, a in page.tags if t == "link"]
     status, headers, css = await fetch(stylesheet)
     assert status == 200 and headers["Content-Type"].startswith("text/css") and css == CSS
