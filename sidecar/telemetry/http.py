@@ -17,6 +17,8 @@ credentials, and :mod:`sidecar.telemetry.listener` owns the sockets.
   :mod:`sidecar.supervision`).
 * ``GET /<name>`` for each JSON route (``/clusters``...): the callable's result as JSON, sent
   with ``Cache-Control: no-store`` (what these routes show is derived from conversations).
+* ``GET /`` on the operator listener: the ``index`` page route when one is given (the overview,
+  :mod:`sidecar.telemetry.overview`), else 404.
 * ``GET /<name>`` and ``GET /<name>/<param>`` for each page route (``/escalations``,
   ``/trees/<alert id>``, ``/pages.css``): an HTML, SVG or CSS :class:`Page`. A path parameter must
   fully match the route's pattern (else 400, and the renderer is never called); pages are sent
@@ -72,6 +74,7 @@ from sidecar.telemetry.listener import Listener
 from sidecar.telemetry.web_config import WebConfig, load_web_config
 from sidecar.telemetry.web_safety import (
     NO_STORE,
+    PAGE_CSP,
     PAGE_HEADERS,
     extra_headers,
     json_text,
@@ -110,6 +113,7 @@ class PageRoute:
 
 
 _BUILTIN: Final = frozenset({"metrics", "healthz", "readyz"})
+_INDEX_LABEL: Final = "index"  # the handler label of GET /
 _HEALTH_PATHS: Final = ("/healthz", "/readyz")
 _AUDIT_FIELDS: Final = frozenset({"event", "status", "client", "forwarded_for", "user_agent"})
 # A route name, or a stylesheet's file name (``pages.css``) for the relative links of pages.
@@ -152,6 +156,7 @@ class HttpServer:
         *,
         core_checks: Sequence[str] = ("kafka", TASKS_CHECK),
         page_routes: Mapping[str, PageRoute] | None = None,
+        index: PageRoute | None = None,
     ) -> None:
         routes = dict(json_routes or {})
         pages = dict(page_routes or {})
@@ -170,8 +175,9 @@ class HttpServer:
         self._health = tuple(health)
         self._json_routes = routes
         self._page_routes = pages
+        self._index = index
         self._metrics = HttpMetrics(registry)
-        self._handlers = _BUILTIN | routes.keys() | pages.keys()
+        self._handlers = _BUILTIN | routes.keys() | pages.keys() | ({""} if index is not None else set())
         # Web-config files are read now: a bad file stops the process before anything is served.
         limiter = FailureLimiter(config.auth_max_failures, config.auth_failure_window_seconds)
         self._exposures: list[Exposure] = []
@@ -191,7 +197,7 @@ class HttpServer:
             guarded = bool(web_config.users or binding.bearer_token_sha256)
             named = goal_names_exposure(config, binding, protected=guarded) if goal_names else None
             self._exposures.extend([named] if named is not None else [])
-            if binding.operator_routes and (routes or pages):
+            if binding.operator_routes and (routes or pages or index is not None):
                 protected = bool(web_config.users or binding.bearer_token_sha256)
                 allow = config.operator.allow_unauthenticated
                 found = exposure(binding.name, binding.host, binding.port, protected=protected, allow=allow)
@@ -256,6 +262,8 @@ class HttpServer:
         if binding.operator_routes and not withheld:
             for name, fn in self._json_routes.items():
                 app.router.add_get(f"/{name}", self._json_handler(name, fn))
+            if self._index is not None:
+                app.router.add_get("/", self._page_handler(_INDEX_LABEL, self._index))
             for name, page in self._page_routes.items():
                 handler = self._page_handler(name, page)
                 if page.index:
@@ -283,12 +291,14 @@ class HttpServer:
     async def _guard(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        name = request.path.strip("/")
+        # "" is the index (GET / where it is served); "\0" matches no handler.
+        index = request.path == "/" and request.match_info.http_exception is None
+        name = "" if index else request.path.strip("/") or "\0"
         if name not in self._handlers:
             # A page with a path parameter counts under its route name, never under the value.
             head = name.split("/", 1)[0]
-            name = head if head in self._page_routes and self._page_routes[head].param is not None else ""
-        label = name if name in self._handlers else "other"
+            name = head if head in self._page_routes and self._page_routes[head].param is not None else "\0"
+        label = (name or _INDEX_LABEL) if name in self._handlers else "other"
         # The probes are not counted in flight and take no body: they answer at once (inflight.py).
         probe = request.path in _HEALTH_PATHS
         gate = request.app[IN_FLIGHT]
@@ -348,16 +358,19 @@ class HttpServer:
     def _gates(self, name: str) -> bool:
         return self._config.readiness == "dependencies" or name in self._core
 
-    async def _readyz(self, _request: web.Request) -> web.Response:
+    def readiness(self) -> dict[str, Any]:
+        """What ``/readyz`` answers: ``ready`` and each check's ``name``, ``ready``, ``gates``, ``detail``."""
         checks = [_safe_health(r) for r in self._health]
-        ready = all(c.ready for c in checks if self._gates(c.name))
-        body = {
-            "ready": ready,
+        return {
+            "ready": all(c.ready for c in checks if self._gates(c.name)),
             "checks": [
                 {"name": c.name, "ready": c.ready, "gates": self._gates(c.name), "detail": c.detail} for c in checks
             ],
         }
-        return web.json_response(body, status=200 if ready else 503)
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        body = self.readiness()
+        return web.json_response(body, status=200 if body["ready"] else 503)
 
     def _json_handler(self, name: str, fn: JsonRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(_request: web.Request) -> web.Response:
@@ -372,7 +385,8 @@ class HttpServer:
                 log.exception("http.json_route_failed", route=name, error_type=type(exc).__name__)
                 return web.json_response({"error": "internal error"}, status=500)
             response = web.Response(text=text, content_type="application/json")
-            response.headers.update(NO_STORE)
+            # no-store, and the pages' policy: a browser that opens the JSON runs nothing from it.
+            response.headers.update({**NO_STORE, "Content-Security-Policy": PAGE_CSP})
             return response
 
         return handler
