@@ -16,7 +16,8 @@ credentials, and :mod:`sidecar.telemetry.listener` owns the sockets.
   supervised background tasks (``tasks``: a task that died fails readiness with its name, see
   :mod:`sidecar.supervision`).
 * ``GET /<name>`` for each JSON route (``/clusters``...): the callable's result as JSON, sent
-  with ``Cache-Control: no-store`` (what these routes show is derived from conversations).
+  with ``Cache-Control: no-store`` (what these routes show is derived from conversations); to a
+  browser (``Accept`` names ``text/html``) the same JSON inside an HTML page, sent as pages are.
 * ``GET /`` on the operator listener: the ``index`` page route when one is given (the overview,
   :mod:`sidecar.telemetry.overview`), else 404.
 * ``GET /<name>`` and ``GET /<name>/<param>`` for each page route (``/escalations``,
@@ -81,6 +82,7 @@ from sidecar.telemetry.web_safety import (
     security_headers,
     who_asked,
 )
+from sidecar.trees.pages import json_page
 
 log = structlog.get_logger()
 
@@ -261,7 +263,7 @@ class HttpServer:
         withheld = any(e.listener == binding.name and e.what == "routes" and not e.served for e in self._exposures)
         if binding.operator_routes and not withheld:
             for name, fn in self._json_routes.items():
-                app.router.add_get(f"/{name}", self._json_handler(name, fn))
+                app.router.add_get(f"/{name}", _browsable(name, self._json_handler(name, fn)))
             if self._index is not None:
                 app.router.add_get("/", self._page_handler(_INDEX_LABEL, self._index))
             for name, page in self._page_routes.items():
@@ -407,6 +409,24 @@ class HttpServer:
             return _page(result)
 
         return handler
+
+
+def _browsable(
+    name: str, handler: Callable[[web.Request], Awaitable[web.Response]]
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A JSON route that answers a browser (``Accept`` names ``text/html``) with the same JSON in an
+    HTML page linking back to the overview; every other client gets the JSON."""
+
+    async def negotiate(request: web.Request) -> web.Response:
+        response = await handler(request)
+        response.headers["Vary"] = "Accept"
+        if response.status != 200 or "text/html" not in request.headers.get("Accept", ""):
+            return response
+        page = _page(Page(json_page(name, response.text or "")))
+        page.headers["Vary"] = "Accept"
+        return page
+
+    return negotiate
 
 
 def _page(page: Page, *, text: bool = False) -> web.Response:

@@ -11,6 +11,8 @@ behind a proxy that serves the sidecar under a path prefix.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +29,7 @@ text-align:left;vertical-align:top}th{background:#f4f4f4}td.num{text-align:right
 dl{display:grid;grid-template-columns:max-content auto;gap:.15em 1em}dt{color:#555}dd{margin:0}
 .muted{color:#777}.sev-critical{color:#b00020;font-weight:600}.sev-warning{color:#b35c00}
 pre.text{white-space:pre-wrap;background:#f7f7f7;padding:.6em;border-radius:4px;max-height:20em;overflow:auto}
+pre.json{max-height:none}
 .scroll{overflow:auto;border:1px solid #eee;max-height:85vh}
 nav{margin:.4em 0 1em}.ok{color:#2b8a3e;font-weight:600}.bad{color:#b00020;font-weight:600}
 ul.legend{list-style:none;padding:0;margin:.3em 0 1em;display:flex;flex-wrap:wrap;gap:.3em 1.4em}
@@ -187,6 +190,20 @@ def escalations_page(items: Iterable[Escalation], with_tree: set[str], capacity:
         table,
     ]
     return document("recent escalations", body)
+
+
+def json_page(name: str, text: str) -> str:
+    """A JSON route's answer for a browser: the same JSON, indented, as text in a page that links
+    back to the overview (what ``GET /clusters`` shows when the client asks for HTML)."""
+    with contextlib.suppress(ValueError):  # not JSON: shown as it came
+        text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    body = [
+        nav(),
+        f"<h1>/{escape(name)}</h1>",
+        '<p class="muted">The JSON this route answers to tools (any client that does not ask for HTML).</p>',
+        f'<pre class="text json">{escape(text)}</pre>',
+    ]
+    return document(f"/{name}", body)
 
 
 def message_page(title: str, message: str) -> str:

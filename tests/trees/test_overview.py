@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import re
 from html.parser import HTMLParser
@@ -218,6 +219,23 @@ async def test_the_route_at_root_with_csp_counted_as_index_and_behind_auth() -> 
         assert (await _get(scrape + "/"))[0] == 404  # the overview is on the operator listener only
     assert registry.get_sample_value("sidecar_http_requests_total", {"handler": "index", "code": "200"}) == 1
     assert registry.get_sample_value("sidecar_http_requests_total", {"handler": "other", "code": "404"}) == 2
+
+
+async def test_a_json_route_answers_a_browser_with_a_page_and_tools_with_json() -> None:
+    hostile = {"name": "<script>alert(1)</script>\u202e", "n": 3}
+    server = HttpServer(HttpConfig(host="127.0.0.1", port=0), CollectorRegistry(), [], {"clusters": lambda: hostile})
+    async with server:
+        url = f"http://127.0.0.1:{server.port}/clusters"
+        status, headers, body = await _get(url, {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
+        assert status == 200 and headers["Content-Type"].startswith("text/html") and headers["Vary"] == "Accept"
+        assert headers["Content-Security-Policy"] == PAGE_CSP and headers["Cache-Control"] == "no-store"
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;\\u202e" in body and "<script>" not in body
+        assert '<a href="./">overview</a>' in body
+        for accept in ("*/*", "application/json", None):
+            status, headers, body = await _get(url, {"Accept": accept} if accept else {})
+            assert status == 200 and headers["Content-Type"].startswith("application/json"), accept
+            assert headers["Vary"] == "Accept"
+            assert json.loads(body) == hostile
 
 
 async def test_without_an_index_root_is_404() -> None:
