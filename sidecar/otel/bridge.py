@@ -7,7 +7,11 @@ is one step: decode every record, derive the events, produce them (and the dead 
 the step; its spans yield the same event ids, which the sidecar's dedup drops: at-least-once
 delivery, effectively exactly-once effects.
 
-A record with a span held back (``otel.hold``: a late parent, model calls read out of order) is not
+With ``logs_topic`` set, the Collector's logs topic is read too: GenAI content sent as log records
+(:mod:`sidecar.otel.logs`) is joined to its spans by trace and span id, as at the receiver's
+``/v1/logs``.
+
+A record with a span (or content) held back (``otel.hold``: a late parent, model calls read out of order) is not
 committed past until that span is decided: a restart reads it again and holds it again.
 """
 
@@ -20,12 +24,13 @@ from typing import Any, Final, cast
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
+from opentelemetry.proto.logs.v1.logs_pb2 import LogsData
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from sidecar.kafka_clients import client_kwargs
 from sidecar.lifecycle import Health
 from sidecar.otel.config import OtlpKafkaBridgeConfig
-from sidecar.otel.decode import Encoding, decode_traces, sniff
+from sidecar.otel.decode import Encoding, decode_logs_request, decode_traces, sniff
 from sidecar.otel.errors import OtelRefused
 from sidecar.otel.ingest import OtelIngest
 from sidecar.otel.metrics import OtelMetrics
@@ -42,6 +47,8 @@ POLL_TIMEOUT_MS = 1000
 PRODUCE_TIMEOUT_SECONDS = 30.0
 BACKOFF_INITIAL_SECONDS = 0.2
 BACKOFF_MAX_SECONDS = 10.0
+# Log records one record of the logs topic may hold (its size is bounded by max_record_bytes).
+MAX_LOG_RECORDS = 1_000_000
 
 
 class OtlpKafkaBridge:
@@ -83,8 +90,9 @@ class OtlpKafkaBridge:
     async def _run(self) -> None:
         backoff = Backoff(BACKOFF_INITIAL_SECONDS, BACKOFF_MAX_SECONDS)
         while True:
+            topics = [self._cfg.topic] + ([self._cfg.logs_topic] if self._cfg.logs_topic else [])
             consumer = AIOKafkaConsumer(
-                self._cfg.topic,
+                *topics,
                 **client_kwargs(self._kafka),
                 group_id=self._cfg.group_id,
                 enable_auto_commit=False,
@@ -137,11 +145,18 @@ class OtlpKafkaBridge:
         """Derive and produce a poll's records; returns once every output is acknowledged."""
         payloads: list[TracesData] = []
         sources: list[tuple[str, int, int]] = []
+        logs: list[LogsData] = []
+        log_sources: list[tuple[str, int, int]] = []
         dead: list[tuple[Any, OtelRefused]] = []  # (record, why)
         for rec in records:
             try:
                 value = rec.value or b""
                 encoding: Encoding = sniff(value) if self._cfg.encoding == "auto" else self._cfg.encoding
+                if self._cfg.logs_topic is not None and rec.topic == self._cfg.logs_topic:
+                    limit = self._cfg.max_record_bytes
+                    logs.append(decode_logs_request(value, encoding, max_bytes=limit, max_records=MAX_LOG_RECORDS))
+                    log_sources.append((rec.topic, rec.partition, rec.offset))
+                    continue
                 payloads.append(decode_traces(value, encoding, max_bytes=self._cfg.max_record_bytes))
                 sources.append((rec.topic, rec.partition, rec.offset))
             except OtelRefused as exc:
@@ -151,7 +166,11 @@ class OtlpKafkaBridge:
         # came from, and end signals after all of them.
         # Off the event loop, one derivation at a time with the receiver (the same history tracker).
         ingest = self._ingest
-        events = (await work_for(ingest).run(lambda: ingest.derive(payloads, DOOR, sources=sources))).records
+        events = (
+            await work_for(ingest).run(
+                lambda: ingest.derive(payloads, DOOR, sources=sources, logs=logs, log_sources=log_sources)
+            )
+        ).records
         backoff = Backoff(BACKOFF_INITIAL_SECONDS, BACKOFF_MAX_SECONDS)
         while True:
             try:

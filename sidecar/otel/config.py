@@ -149,6 +149,13 @@ class OtlpKafkaBridgeConfig(_Frozen):
     enabled: bool = Field(False, description="Run the OTLP-on-Kafka bridge.")
     topic: str = Field("otlp_spans", min_length=1, max_length=249, description="The Collector's traces topic.")
     group_id: str = Field("llm-agent-sidecar-otel", min_length=1, max_length=255, description="Consumer group.")
+    logs_topic: str | None = Field(
+        None,
+        min_length=1,
+        max_length=249,
+        description="The Collector's logs topic (its kafka exporter's logs.topic), for GenAI content sent as log "
+        "records (instrumentations in event mode), joined to the spans of topic; None: not read.",
+    )
     encoding: Literal["auto", "otlp_proto", "otlp_json"] = Field(
         "auto",
         description="The exporter's encoding; 'auto' tells them apart per record (JSON starts with '{').",
@@ -300,4 +307,6 @@ class OtelConfig(_Frozen):
     def _bridge_topics_differ(self) -> OtelConfig:
         if self.bridge.topic == self.bridge.dead_letter_topic:
             raise ValueError("otel.bridge.dead_letter_topic must differ from otel.bridge.topic")
+        if self.bridge.logs_topic in (self.bridge.topic, self.bridge.dead_letter_topic):
+            raise ValueError("otel.bridge.logs_topic must differ from otel.bridge.topic and its dead_letter_topic")
         return self

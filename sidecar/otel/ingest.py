@@ -42,7 +42,7 @@ from sidecar.otel.ends import END_DIGEST, EndSignals
 from sidecar.otel.errors import OtelRefused
 from sidecar.otel.feedback import FeedbackEvent, read_feedback
 from sidecar.otel.history import HistoryTracker
-from sidecar.otel.logs import LogContent, SpanKey, has_reference, read_logs
+from sidecar.otel.logs import SpanKey, has_reference, read_logs
 from sidecar.otel.messages import OtelMessage
 from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.refusals import RefusalLog
@@ -129,6 +129,16 @@ class Orphan:
     door: str
     source: Hashable | None
     wait: str = "parent"  # or "logs": a model call without content, waiting for its log records
+
+
+@dataclass(slots=True)
+class HeldContent:
+    """GenAI content read from log records, waiting for its span (``otel.hold.logs_seconds``)."""
+
+    deadline: float
+    events: list[Span.Event]
+    door: str
+    source: Hashable | None
 
 
 @dataclass(slots=True)
@@ -258,25 +268,25 @@ class OtelIngest:
         self._orphans: list[Orphan] = []
         self._orphan_traces: dict[bytes, _Trace] = {}
         # GenAI content read from log records, waiting for its span: (deadline, events)
-        self._content: dict[SpanKey, tuple[float, list[Span.Event]]] = {}
+        self._content: dict[SpanKey, HeldContent] = {}
         # spans whose history was read, so their content arriving later as logs is a copy
         self._done: OrderedDict[SpanKey, None] = OrderedDict()
         self._logs_seen = False
 
     @property
     def holding(self) -> int:
-        """Spans held now (both waits, both doors)."""
-        return len(self._held) + len(self._orphans)
+        """Spans held now (every wait, both doors), content from log records waiting for its span included."""
+        return len(self._held) + len(self._orphans) + len(self._content)
 
     def due(self, door: str, now: float | None = None) -> bool:
         """True when a span this door holds has reached its deadline (a derivation decides it)."""
         now = self._clock() if now is None else now
-        held: list[HeldChat | Orphan] = [*self._held, *self._orphans]
+        held: list[HeldChat | Orphan | HeldContent] = [*self._held, *self._orphans, *self._content.values()]
         return any(h.door == door and h.deadline <= now for h in held)
 
     def held_sources(self, door: str) -> list[Hashable]:
         """Where this door's held spans came from (the bridge commits no offset past them)."""
-        held: list[HeldChat | Orphan] = [*self._held, *self._orphans]
+        held: list[HeldChat | Orphan | HeldContent] = [*self._held, *self._orphans, *self._content.values()]
         return [h.source for h in held if h.door == door and h.source is not None]
 
     def refuse_payload(self, door: str, reason: str) -> None:
@@ -367,7 +377,7 @@ class OtelIngest:
         key = (span.trace_id, span.span_id)
         content = self._content.pop(key, None)
         if content is not None:
-            span.events.extend(content[1])
+            span.events.extend(content.events)
 
     def _read(self, span: Span) -> None:
         """The span's history was read: its content arriving later as log records is a copy."""
@@ -375,27 +385,42 @@ class OtelIngest:
         if len(self._done) > DONE_SPANS:
             self._done.popitem(last=False)
 
-    def _store_logs(self, logs: Sequence[LogsData], refused: Counter[str], now: float) -> int:
+    def _store_logs(
+        self,
+        logs: Sequence[LogsData],
+        refused: Counter[str],
+        now: float,
+        door: str,
+        sources: Sequence[Hashable] | None,
+    ) -> int:
         """Keep the payloads' content events until their spans are read; returns the records ignored."""
-        found = LogContent()
-        for payload in logs:
-            read_logs(payload, found)
-        refused.update(found.refused)
-        for key, events in found.events.items():
-            self._logs_seen = True
-            if key in self._done and key not in self._content:
-                found.ignored += len(events)  # its span was read with content of its own (SPAN_AND_EVENT)
-                continue
-            deadline, held = self._content.get(key, (now + self._hold.logs_seconds, []))
-            if len(held) + len(events) > self._limits.max_messages + 2 or len(self._content) >= self._hold.max_spans:
-                refused["too_many_messages"] += 1
-                continue
-            self._content[key] = (deadline, held + events)
-        for key, (deadline, _) in list(self._content.items()):
-            if deadline <= now:
+        ignored = 0
+        for k, payload in enumerate(logs):
+            found = read_logs(payload)
+            refused.update(found.refused)
+            ignored += found.ignored
+            for key, events in found.events.items():
+                self._logs_seen = True
+                held = self._content.get(key)
+                if held is None and key in self._done:
+                    ignored += len(events)  # its span was read with content of its own (SPAN_AND_EVENT)
+                    continue
+                if held is None:
+                    if len(self._content) >= self._hold.max_spans:
+                        self._metrics.holds.labels("span", "full").inc()
+                        refused["too_many_messages"] += 1
+                        continue
+                    source = None if sources is None else sources[k]
+                    held = self._content[key] = HeldContent(now + self._hold.logs_seconds, [], door, source)
+                if len(held.events) + len(events) > self._limits.max_messages + 2:
+                    refused["too_many_messages"] += 1
+                    continue
+                held.events.extend(events)
+        for key, content in list(self._content.items()):
+            if content.deadline <= now:
                 del self._content[key]
                 self._metrics.holds.labels("span", "expired").inc()
-        return found.ignored
+        return ignored
 
     def _orphans_found(self, door: str, found: Found, refused: Counter[str], now: float) -> None:
         """Held spans of this door whose parent came (they join ``found``) or whose wait is over."""
@@ -510,6 +535,7 @@ class OtelIngest:
         *,
         sources: Sequence[Hashable] | None = None,
         logs: Sequence[LogsData] = (),
+        log_sources: Sequence[Hashable] | None = None,
         now: float | None = None,
     ) -> Derived:
         """The records a payload (or several: a bridge poll) yields, chat spans oldest first across
@@ -520,7 +546,7 @@ class OtelIngest:
         now = self._clock() if now is None else now
         out = Derived()
         found = Found()
-        found.ignored += self._store_logs(logs, out.refused, now)
+        found.ignored += self._store_logs(logs, out.refused, now, door, log_sources)
         payloads = [data] if isinstance(data, TracesData) else list(data)
         for k, payload in enumerate(payloads):
             source = None if sources is None else sources[k]

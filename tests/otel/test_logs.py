@@ -371,3 +371,54 @@ async def test_logs_need_the_bearer_token(served: tuple[httpx.AsyncClient, Recor
         assert r.status_code == 401
         assert "s3cret" not in r.text
     assert producer.acked == []
+
+
+# --- through the bridge: the Collector's traces and logs topics ---------------------------------
+
+
+async def test_the_bridge_joins_the_logs_topic_to_the_traces_topic() -> None:
+    from types import SimpleNamespace
+
+    from aiokafka import TopicPartition
+
+    from sidecar.otel.bridge import OtlpKafkaBridge
+    from sidecar.source.config import KafkaConfig
+    from tests.otel.test_backlog import Producer
+
+    clock, registry = Clock(), CollectorRegistry()
+    config = OtelConfig.model_validate({"bridge": {"enabled": True, "logs_topic": "otlp_logs"}})
+    metrics = OtelMetrics(registry)
+    ingest = OtelIngest(config, metrics, max_event_bytes=1 << 20, clock=clock)
+    producer = Producer()
+    kafka = KafkaConfig(bootstrap_servers="127.0.0.1:9", topic="events")
+    door = OtlpKafkaBridge(config.bridge, kafka, ingest, producer, metrics)  # type: ignore[arg-type]
+    spans = calls("br-1")
+    offsets = {"otlp_spans": 0, "otlp_logs": 0}
+
+    def record(topic: str, value: bytes) -> SimpleNamespace:
+        offsets[topic] += 1
+        return SimpleNamespace(topic=topic, partition=0, offset=offsets[topic] - 1, key=None, value=value)
+
+    for i, span in enumerate(spans):
+        bare, content = split(span)
+        span_record = record("otlp_spans", traces([bare]).SerializeToString())
+        log_record = record("otlp_logs", logs_json(logs([content])))  # the other encoding, told apart per record
+        first, second = (span_record, log_record) if i % 2 else (log_record, span_record)
+        await door.step([first])
+        # whichever came first is held, and its record is not committed past
+        read = {TopicPartition(first.topic, 0): first.offset + 1}
+        assert door.committable(read) == {TopicPartition(first.topic, 0): first.offset}
+        clock.now += 1.0
+        await door.step([second])
+        assert ingest.holding == 0
+        assert door.committable(read) == read
+    events = decoded((k, v) for _, k, v in producer.sent)
+    assert [e.event_id for e in events] == [e.event_id for e in on_spans(spans)]
+    assert [e.span for e in events] == [e.span for e in on_spans(spans)]
+
+
+def test_the_logs_topic_differs_from_the_others() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="logs_topic"):
+        OtelConfig.model_validate({"bridge": {"topic": "t", "logs_topic": "t"}})
