@@ -134,6 +134,12 @@ integers in exponent form, which YAML readers take for strings.
 {{- if $listeners -}}
 {{- $_ := set $config "http" (mergeOverwrite (deepCopy (dig "http" dict $config)) $listeners) -}}
 {{- end -}}
+{{- $otlp := include "sidecar.otlpListenerConfig" . | fromJson -}}
+{{- if $otlp -}}
+{{- $otel := deepCopy (dig "otel" dict $config) -}}
+{{- $_ := set $otel "receiver" (mergeOverwrite (deepCopy (dig "receiver" dict $otel)) $otlp) -}}
+{{- $_ := set $config "otel" $otel -}}
+{{- end -}}
 {{- $config | toPrettyJson -}}
 {{- end -}}
 

@@ -1,6 +1,7 @@
 {{/*
 The sidecar's two HTTP listeners (config.http, docs/security.md): the scrape listener's and the
-operator listener's ports, the web-config Secret mounted for them, and the guards a render can check.
+operator listener's ports, the web-config Secret mounted for them and for the OTLP receiver
+(webConfig.otlp), and the guards a render can check.
 */}}
 
 {{/* The scrape listener's port (/metrics, /healthz, /readyz): config.http.scrape.port, else config.http.port. */}}
@@ -30,7 +31,7 @@ operator listener's ports, the web-config Secret mounted for them, and the guard
 
 {{/* Name of the Secret holding the web-config files; empty when no listener has one. */}}
 {{- define "sidecar.webConfigSecret" -}}
-{{- if or .Values.webConfig.scrape.enabled .Values.webConfig.operator.enabled -}}
+{{- if or .Values.webConfig.scrape.enabled .Values.webConfig.operator.enabled .Values.webConfig.otlp.enabled -}}
 {{- .Values.webConfig.existingSecret | default (printf "%s-web-config" (include "sidecar.fullname" .) | trunc 63 | trimSuffix "-") -}}
 {{- end -}}
 {{- end -}}
@@ -39,7 +40,7 @@ operator listener's ports, the web-config Secret mounted for them, and the guard
 {{- define "sidecar.webConfigFiles" -}}
 {{- $files := dict -}}
 {{- if not .Values.webConfig.existingSecret -}}
-{{- range $name := list "scrape" "operator" -}}
+{{- range $name := list "scrape" "operator" "otlp" -}}
 {{- $w := index $.Values.webConfig $name -}}
 {{- if $w.enabled }}{{ $_ := set $files (printf "%s.yml" $name) (toYaml ($w.config | default dict)) }}{{ end -}}
 {{- end -}}
@@ -58,6 +59,16 @@ operator listener's ports, the web-config Secret mounted for them, and the guard
 {{- toJson $http -}}
 {{- end -}}
 
+{{/* config.otel.receiver entries the chart sets: the OTLP receiver's web_config_file (TLS; its
+authentication stays the bearer token, basic_auth_users are refused there). */}}
+{{- define "sidecar.otlpListenerConfig" -}}
+{{- if .Values.webConfig.otlp.enabled -}}
+{{- toJson (dict "web_config_file" (printf "%s/otlp.yml" (trimSuffix "/" .Values.webConfig.mountPath))) -}}
+{{- else -}}
+{}
+{{- end -}}
+{{- end -}}
+
 {{/* The probes' and the ServiceMonitor's view of the listeners must match the sidecar's. */}}
 {{- define "sidecar.listenersValidate" -}}
 {{- $w := .Values.webConfig -}}
@@ -68,6 +79,17 @@ operator listener's ports, the web-config Secret mounted for them, and the guard
 {{- range $name := list "scrape" "operator" -}}
 {{- if and (index $w $name).enabled (dig $name "web_config_file" "" $http) -}}
 {{- fail (printf "webConfig.%s.enabled sets config.http.%s.web_config_file: leave that one unset" $name $name) -}}
+{{- end -}}
+{{- end -}}
+{{- if $w.otlp.enabled -}}
+{{- if not (include "sidecar.otlpEnabled" .) -}}
+{{- fail "webConfig.otlp.enabled needs config.otel.receiver.enabled: otlp.yml is the OTLP receiver's web-config file" -}}
+{{- end -}}
+{{- if dig "otel" "receiver" "web_config_file" "" (.Values.config | default dict) -}}
+{{- fail "webConfig.otlp.enabled sets config.otel.receiver.web_config_file: leave that one unset" -}}
+{{- end -}}
+{{- if dig "basic_auth_users" nil ($w.otlp.config | default dict) -}}
+{{- fail "webConfig.otlp.config.basic_auth_users: the OTLP receiver authenticates by bearer token (secrets.otelReceiverBearerToken), not by basic-auth users" -}}
 {{- end -}}
 {{- end -}}
 {{- if and $w.operator.enabled (not (include "sidecar.operatorPort" .)) -}}
