@@ -136,6 +136,23 @@ class _QuietHandler(web.RequestHandler):
         return response
 
 
+# aiohttp (3.9 to 3.14 at least) has no public API for either thing the gate needs: to know that a
+# connection waits for a request (the handler's message waiter and in-progress flag), and to have
+# its server build a handler of another class (the server's loop and handler settings). These are
+# the private names read; tests/telemetry/test_listener_internals.py fails on a version without
+# them, and a start on such a version logs http.eviction_unavailable (connections are then never
+# closed to make room: past max_connections new ones get 503).
+PRIVATE_HANDLER_SLOTS: Final = ("_waiter", "_request_in_progress")
+PRIVATE_SERVER_ATTRIBUTES: Final = ("_loop", "_kwargs")
+
+
+def missing_internals(server: web.Server) -> list[str]:
+    """The private aiohttp names the gate reads that this aiohttp does not have."""
+    slots = set(getattr(web.RequestHandler, "__slots__", ()))
+    missing = [f"RequestHandler.{n}" for n in PRIVATE_HANDLER_SLOTS if n not in slots]
+    return missing + [f"Server.{n}" for n in PRIVATE_SERVER_ATTRIBUTES if not hasattr(server, n)]
+
+
 def _handler(server: web.Server) -> web.RequestHandler:
     """A :class:`_QuietHandler` made as ``server()`` makes its own (aiohttp's server keeps the
     handler's settings in ``_kwargs``)."""
@@ -262,6 +279,8 @@ class Listener:
         await runner.setup()
         self._runner = runner
         assert runner.server is not None
+        if missing := missing_internals(runner.server):
+            log.warning("http.eviction_unavailable", listener=self.name, missing=missing)
         gate = _ConnectionGate(runner.server, self._max_connections, self._refused, self._ssl)
         try:
             self._server = await asyncio.get_running_loop().create_server(
@@ -290,4 +309,12 @@ class Listener:
         log.info("http.stopped", listener=self.name)
 
 
-__all__ = ["KEEPALIVE_TIMEOUT_SECONDS", "LINGERING_SECONDS", "TLS_HANDSHAKE_SECONDS", "Listener"]
+__all__ = [
+    "KEEPALIVE_TIMEOUT_SECONDS",
+    "LINGERING_SECONDS",
+    "PRIVATE_HANDLER_SLOTS",
+    "PRIVATE_SERVER_ATTRIBUTES",
+    "TLS_HANDSHAKE_SECONDS",
+    "Listener",
+    "missing_internals",
+]
