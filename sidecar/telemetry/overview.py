@@ -48,6 +48,8 @@ _ENDED: Final = "sidecar_conversations_ended_total"
 _GOAL_INFO: Final = "sidecar_goal_info"
 _GOAL_SIZE: Final = "sidecar_clustering_goal_conversations"
 _JUDGED: Final = frozenset({"complete", "incomplete"})
+# The goal label's two values that are not a goal (sidecar.clustering.model's OTHER and UNKNOWN).
+SPECIAL_GOALS: Final = {"unknown": "(no goal assigned yet)", "other": "(other goals, past the top N)"}
 
 Readiness = Callable[[], Mapping[str, Any]]
 
@@ -154,9 +156,8 @@ class Overview:
         goals = []
         for goal in names.keys() | sizes.keys() | (ended.keys() - {ALL}):
             complete, judged = ended.get(goal, (0.0, 0.0))
-            goals.append(
-                Goal(goal, names.get(goal), sizes.get(goal), int(judged), complete / judged if judged else None)
-            )
+            name = names.get(goal, SPECIAL_GOALS.get(goal))
+            goals.append(Goal(goal, name, sizes.get(goal), int(judged), complete / judged if judged else None))
         goals.sort(key=lambda g: (-(g.size or 0), -g.judged, g.id))
         return goals
 
@@ -177,7 +178,8 @@ class Overview:
         """What the page shows, computed now (bounded by the ring's size)."""
         points = [*self._points, Point(self._clock(), self._ended(), dict(self._alerts))]
         goals = self._goals(points[-1].ended)
-        plotted = [g for g in sorted(goals, key=lambda g: -g.judged) if g.judged][:MAX_GOALS]
+        plotted = [g for g in sorted(goals, key=lambda g: -g.judged) if g.judged and g.id not in SPECIAL_GOALS]
+        plotted = plotted[:MAX_GOALS]
         rates = [Series("all conversations", self._rates(points, ALL))]
         rates += [Series(g.name or g.id, self._rates(points, g.id)) for g in plotted]
         alerts = [Series(kind, [(p.at, float(p.alerts.get(kind, 0))) for p in points]) for kind in ALERT_KINDS]

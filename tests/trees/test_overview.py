@@ -109,6 +109,16 @@ def test_goals_have_names_and_sizes_and_at_most_eight_are_plotted() -> None:
     assert data.completion[1].label == "goal number 11"  # plotted: the most judged
 
 
+def test_unknown_and_other_are_worded_and_not_plotted_as_goals() -> None:
+    overview, scoring, _, _ = _overview()
+    for goal in ("unknown", "other", "g1"):
+        scoring.conversations_ended.labels("a", "complete", goal).inc()
+    data = overview.data()
+    assert [s.label for s in data.completion] == ["all conversations", "g1"]
+    names = {g.id: g.name for g in data.goals}
+    assert names["unknown"] == "(no goal assigned yet)" and names["other"].startswith("(other goals")
+
+
 def test_alerts_are_counted_by_kind_and_the_latest_kept_with_tree_links() -> None:
     kept = set()
     overview, _, _, clock = _overview(has_tree=lambda i: i in kept)
