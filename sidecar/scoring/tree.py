@@ -176,8 +176,9 @@ class TreeExpander:
         of it; ``None``: the whole depth) is a probe: ``grow(tree)`` then sees the tree so far (the
         root branch and the alternatives found along it) and decides whether to expand the rest.
         Nothing is generated twice: a grown tree continues from the probe, and is the same tree as
-        without one (one request more when the probe stopped short of the depth, and budget cuts may
-        fall on other branches). A tree not grown keeps what the probe saw, ``grown`` False, its pending
+        without one (when the probe stopped short of the depth, the root's continuation is a request
+        of a later level, so the request count may differ and a budget cut may fall on other
+        branches). A tree not grown keeps what the probe saw, ``grown`` False, its pending
         branches truncated ``"gate"``.
         """
         tree = ResponseTree(alpha=self.alpha, top_k=self.top_k)

@@ -36,7 +36,7 @@ def _shape(tree: ResponseTree) -> list[tuple[tuple[int, ...], float, bool, str |
     return sorted((tuple(b.tokens), round(b.logprob, 9), b.complete, b.truncated) for b in tree.branches)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
     alpha=st.sampled_from([0.05, 0.1, 0.2]),
@@ -63,8 +63,10 @@ async def test_a_grown_tree_is_the_tree_without_a_gate(
     # The probe was the first request alone: the greedy branch from the root, on the bare prompt.
     first = probe if probe is not None and probe < depth else depth
     assert gated_lm.requests[0]["n"] == 1 and gated_lm.requests[0]["max_tokens"] == first
-    stopped_short = probe is not None and probe < depth and not _root_ended_within(plain, probe)
-    assert gated.requests == plain.requests + (1 if stopped_short else 0)
+    if probe is None or probe >= depth or _root_ended_within(plain, probe):
+        assert gated.requests == plain.requests
+    # (Otherwise the root's continuation is a request of a later level, batched with the branches
+    # of the same remaining depth: the count may differ either way.)
 
 
 def _root_ended_within(tree: ResponseTree, n: int) -> bool:
