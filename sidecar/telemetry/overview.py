@@ -181,7 +181,10 @@ class Overview:
         plotted = [g for g in sorted(goals, key=lambda g: -g.judged) if g.judged and g.id not in SPECIAL_GOALS]
         plotted = plotted[:MAX_GOALS]
         rates = [Series("all conversations", self._rates(points, ALL))]
-        rates += [Series(g.name or g.id, self._rates(points, g.id)) for g in plotted]
+        shown = [g.name or g.id for g in plotted]
+        # A name two goals share (e.g. "unnamed" before naming) gets the goal's id beside it.
+        shown = [f"{n} ({g.id})" if shown.count(n) > 1 else n for n, g in zip(shown, plotted, strict=True)]
+        rates += [Series(n, self._rates(points, g.id)) for n, g in zip(shown, plotted, strict=True)]
         alerts = [Series(kind, [(p.at, float(p.alerts.get(kind, 0))) for p in points]) for kind in ALERT_KINDS]
         body = self._readiness()
         checks = [

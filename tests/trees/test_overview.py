@@ -119,6 +119,15 @@ def test_unknown_and_other_are_worded_and_not_plotted_as_goals() -> None:
     assert names["unknown"] == "(no goal assigned yet)" and names["other"].startswith("(other goals")
 
 
+def test_goals_that_share_a_name_are_told_apart_by_id() -> None:
+    overview, scoring, clustering, _ = _overview()
+    for goal in ("g1", "g2", "g3"):
+        clustering.goal_info.labels(goal, "unnamed" if goal != "g3" else "book a table").set(1)
+        scoring.conversations_ended.labels("a", "complete", goal).inc()
+    labels = sorted(s.label for s in overview.data().completion[1:])
+    assert labels == ["book a table", "unnamed (g1)", "unnamed (g2)"]
+
+
 def test_alerts_are_counted_by_kind_and_the_latest_kept_with_tree_links() -> None:
     kept = set()
     overview, _, _, clock = _overview(has_tree=lambda i: i in kept)
