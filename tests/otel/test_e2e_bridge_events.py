@@ -86,6 +86,37 @@ async def write(bootstrap: str, topic: str, records: list[tuple[bytes | None, by
         await producer.stop()
 
 
+async def booking_records(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[dict[str, Any]], list[tuple[bytes, bytes]], list[bytes]]:
+    """The booking agent's messages, and its traces and logs records for Kafka."""
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    span_exporter, log_exporter = InMemorySpanExporter(), InMemoryLogRecordExporter()
+    async with fake_openai_server() as base_url:
+        messages = await run_booking_agent(base_url, mode, monkeypatch, span_exporter, log_exporter)
+    spans = collector_traces(span_exporter.get_finished_spans())
+    logs = collector_logs(log_exporter.get_finished_logs())
+    return messages, spans, logs
+
+
+def bridge_config(group: str, traces_topic: str, logs_topic: str) -> OtelConfig:
+    return OtelConfig.model_validate(
+        {
+            "bridge": {
+                "enabled": True,
+                "topic": traces_topic,
+                "logs_topic": logs_topic,
+                "group_id": group,
+                "fetch_max_records": 1,  # one record per poll: spans and their content in different steps
+            },
+            # the late logs are written once every span was read: a wait they cannot miss
+            "hold": {"logs_seconds": WAIT_SECONDS},
+        }
+    )
+
+
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
@@ -103,14 +134,7 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 async def test_openai_v2_through_the_bridge_become_the_native_events(
     kafka: str, monkeypatch: pytest.MonkeyPatch, mode: str, late_logs: bool
 ) -> None:
-    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    span_exporter, log_exporter = InMemorySpanExporter(), InMemoryLogRecordExporter()
-    async with fake_openai_server() as base_url:
-        messages = await run_booking_agent(base_url, mode, monkeypatch, span_exporter, log_exporter)
-    spans = collector_traces(span_exporter.get_finished_spans())
-    logs = collector_logs(log_exporter.get_finished_logs())
+    messages, spans, logs = await booking_records(mode, monkeypatch)
     if mode == "SPAN_ONLY":
         assert logs == []
     else:
@@ -118,19 +142,7 @@ async def test_openai_v2_through_the_bridge_become_the_native_events(
 
     name = f"e2e-{mode.lower()}-{'late' if late_logs else 'early'}"
     traces_topic, logs_topic, events_topic = f"{name}-traces", f"{name}-logs", f"{name}-events"
-    config = OtelConfig.model_validate(
-        {
-            "bridge": {
-                "enabled": True,
-                "topic": traces_topic,
-                "logs_topic": logs_topic,
-                "group_id": name,
-                "fetch_max_records": 1,  # one record per poll: spans and their content in different steps
-            },
-            # the late logs are written once every span was read: a wait they cannot miss
-            "hold": {"logs_seconds": WAIT_SECONDS},
-        }
-    )
+    config = bridge_config(name, traces_topic, logs_topic)
     registry = CollectorRegistry()
     doors = build_doors(
         config, KafkaConfig(bootstrap_servers=kafka, topic=events_topic, request_timeout_ms=5000), registry
@@ -184,3 +196,49 @@ async def test_openai_v2_through_the_bridge_become_the_native_events(
         assert held == 3
     if mode != "EVENT_ONLY":
         assert held == 0  # content on the span: nothing waits
+
+
+@pytest.mark.slow
+async def test_held_model_calls_are_held_again_after_a_restart(kafka: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EVENT_ONLY: the bridge reads every span, holds the three model calls, and stops before their
+    content comes. The held records were not committed past: the restarted bridge (its memory gone)
+    reads them again, holds them again, and joins them to the log records written meanwhile."""
+    messages, spans, logs = await booking_records("EVENT_ONLY", monkeypatch)
+    name = "e2e-restart"
+    traces_topic, logs_topic, events_topic = f"{name}-traces", f"{name}-logs", f"{name}-events"
+    kafka_cfg = KafkaConfig(bootstrap_servers=kafka, topic=events_topic, request_timeout_ms=5000)
+    await write(kafka, traces_topic, list(spans), spread=False)
+
+    registry = CollectorRegistry()
+    doors = build_doors(bridge_config(name, traces_topic, logs_topic), kafka_cfg, registry)
+    for component in doors.components:
+        await component.start()
+    try:
+        await wait_for(
+            lambda: value(registry, "sidecar_otel_holds_total", wait="logs", outcome="held") >= 3,
+            "the model calls to be held",
+        )
+    finally:
+        for component in reversed(doors.components):
+            await component.stop()
+    assert value(registry, "sidecar_otel_events_produced_total", door="bridge") == 0
+
+    await write(kafka, logs_topic, [(None, v) for v in logs], spread=True)
+    native = native_events(CONVERSATION, native_messages(messages))
+    registry = CollectorRegistry()
+    doors = build_doors(bridge_config(name, traces_topic, logs_topic), kafka_cfg, registry)
+    for component in doors.components:
+        await component.start()
+    try:
+        await wait_for(
+            lambda: value(registry, "sidecar_otel_events_produced_total", door="bridge") >= len(native), "the events"
+        )
+    finally:
+        for component in reversed(doors.components):
+            await component.stop()
+
+    events = dedup(decoded((r.key, r.value) for r in await read_topic(kafka, events_topic, idle_seconds=0.5)))
+    assert [e.message for e in events[CONVERSATION]] == [e.message for e in native]
+    # the span records were read again after the restart (nothing past them had been committed)
+    assert value(registry, "sidecar_otel_bridge_records_total", outcome="processed") == len(spans) + len(logs)
+    assert value(registry, "sidecar_otel_holds_total", wait="logs", outcome="expired") == 0
