@@ -271,6 +271,8 @@ class OtelIngest:
         self._content: dict[SpanKey, HeldContent] = {}
         # spans whose history was read, so their content arriving later as logs is a copy
         self._done: OrderedDict[SpanKey, None] = OrderedDict()
+        # where the content joined to a still-held span came from: not committed past either
+        self._joined: dict[SpanKey, Hashable] = {}
         self._logs_seen = False
 
     @property
@@ -285,9 +287,18 @@ class OtelIngest:
         return any(h.door == door and h.deadline <= now for h in held)
 
     def held_sources(self, door: str) -> list[Hashable]:
-        """Where this door's held spans came from (the bridge commits no offset past them)."""
+        """Where this door's held spans, and the log records joined to them, came from (the bridge commits
+        no offset past them)."""
         held: list[HeldChat | Orphan | HeldContent] = [*self._held, *self._orphans, *self._content.values()]
-        return [h.source for h in held if h.door == door and h.source is not None]
+        out = [h.source for h in held if h.door == door and h.source is not None]
+        if self._joined:
+            spans = {(o.span.trace_id, o.span.span_id): o.door for o in self._orphans}
+            for h in self._held:
+                if h.chat.span is not None:
+                    spans[(bytes.fromhex(h.chat.span.trace_id), bytes.fromhex(h.chat.span.span_id))] = h.door
+            self._joined = {k: v for k, v in self._joined.items() if k in spans}  # decided: forgotten
+            out.extend(v for k, v in self._joined.items() if spans[k] == door)
+        return out
 
     def refuse_payload(self, door: str, reason: str) -> None:
         self._metrics.refused.labels(door, reason).inc()
@@ -378,6 +389,8 @@ class OtelIngest:
         content = self._content.pop(key, None)
         if content is not None:
             span.events.extend(content.events)
+            if content.source is not None:
+                self._joined[key] = content.source
 
     def _read(self, span: Span) -> None:
         """The span's history was read: its content arriving later as log records is a copy."""

@@ -242,3 +242,52 @@ async def test_held_model_calls_are_held_again_after_a_restart(kafka: str, monke
     # the span records were read again after the restart (nothing past them had been committed)
     assert value(registry, "sidecar_otel_bridge_records_total", outcome="processed") == len(spans) + len(logs)
     assert value(registry, "sidecar_otel_holds_total", wait="logs", outcome="expired") == 0
+
+
+@pytest.mark.slow
+async def test_content_joined_to_a_held_model_call_survives_a_restart(
+    kafka: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EVENT_ONLY, a backlog read out of order: the second turn's trace and its content come first.
+    Joined, its model call waits for the earlier calls (``earlier_calls``). The bridge stops there;
+    the log record that held the call's content must not have been committed past, or the
+    restarted bridge reads the span again without it and the turn is lost."""
+    messages, spans, logs = await booking_records("EVENT_ONLY", monkeypatch)
+    first_turn, second_turn = spans  # exported in the order the spans ended: the first turn's trace first
+    name = "e2e-joined-restart"
+    traces_topic, logs_topic, events_topic = f"{name}-traces", f"{name}-logs", f"{name}-events"
+    kafka_cfg = KafkaConfig(bootstrap_servers=kafka, topic=events_topic, request_timeout_ms=5000)
+    await write(kafka, traces_topic, [second_turn], spread=False)
+    await write(kafka, logs_topic, [(None, logs[2])], spread=False)
+
+    registry = CollectorRegistry()
+    doors = build_doors(bridge_config(name, traces_topic, logs_topic), kafka_cfg, registry)
+    for component in doors.components:
+        await component.start()
+    try:
+        await wait_for(
+            lambda: value(registry, "sidecar_otel_holds_total", wait="earlier_calls", outcome="held") >= 1,
+            "the joined model call to wait for the earlier ones",  # it has its content: joined
+        )
+    finally:
+        for component in reversed(doors.components):
+            await component.stop()
+
+    await write(kafka, traces_topic, [first_turn], spread=False)
+    await write(kafka, logs_topic, [(None, logs[0]), (None, logs[1])], spread=False)
+    native = native_events(CONVERSATION, native_messages(messages))
+    registry = CollectorRegistry()
+    doors = build_doors(bridge_config(name, traces_topic, logs_topic), kafka_cfg, registry)
+    for component in doors.components:
+        await component.start()
+    try:
+        await wait_for(
+            lambda: value(registry, "sidecar_otel_events_produced_total", door="bridge") >= len(native), "the events"
+        )
+    finally:
+        for component in reversed(doors.components):
+            await component.stop()
+
+    events = dedup(decoded((r.key, r.value) for r in await read_topic(kafka, events_topic, idle_seconds=0.5)))
+    assert [e.message for e in events[CONVERSATION]] == [e.message for e in native]
+    assert value(registry, "sidecar_otel_holds_total", wait="logs", outcome="expired") == 0
