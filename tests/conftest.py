@@ -21,6 +21,7 @@ pytest_plugins: list[str] = [
     "tests.support.corpora",
     "tests.support.tansu",
     "tests.support.gemma",
+    "tests.support.mock_kafka",
 ]
 
 

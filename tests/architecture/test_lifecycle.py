@@ -13,7 +13,7 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,14 +225,6 @@ CASES: dict[str, Case] = {
     "otel-receiver": Case(lambda _t, e: _otel(False, e)),
     "otel-bridge": Case(lambda _t, e: _otel(True, e), frozenset({"otel-bridge"})),
 }
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    from sidecar.tools.demo.mock_cluster import MockKafkaCluster
-
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
 
 
 @pytest.fixture(scope="module")

@@ -10,32 +10,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import pytest
-
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from tests.integration.kafka_support import produce_raw, read_topic, result_keys
 from tests.integration.test_kafka_source import Running, config, end, msg
 
 CAP = 2  # state.max_messages_per_conversation (its minimum)
 DEPTHS = range(900, 1001)
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
-
-
-@pytest.fixture
-async def running() -> AsyncIterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for r in started:
-        if not r.task.done():
-            await r.close()
 
 
 def with_fields(record: tuple[bytes, bytes], **fields: object) -> tuple[bytes, bytes]:

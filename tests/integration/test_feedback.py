@@ -5,31 +5,12 @@ and still a duplicate after a restart."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sidecar.alerting.alert import alert_id
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from tests.integration.kafka_support import produce_raw, read_topic
 from tests.integration.test_kafka_source import Running, config, end, msg
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
-
-
-@pytest.fixture
-async def running() -> AsyncIterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for r in started:
-        if not r.task.done():
-            await r.close()
 
 
 def feedback(cid: str, eid: str, body: Any, **over: Any) -> tuple[bytes, bytes]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,27 +17,11 @@ from sidecar.alerting.alert import alert_id
 from sidecar.alerting.ledger import FeedbackLedger
 from sidecar.alerting.thresholds import FeedbackThresholds, ThresholdMetrics
 from sidecar.telemetry.labels import AgentLabels
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from tests.integration.kafka_support import produce_raw, read_topic
 from tests.integration.test_kafka_source import Running, config, msg
 
 FEEDBACK = {"adapt_thresholds": True, "min_judged_alerts": 5, "min_rate_scale": 0.25, "replication_factor": 1}
 SCALE = "sidecar_alert_threshold_scale"
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
-
-
-@pytest.fixture
-async def running() -> AsyncIterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for r in started:
-        if not r.task.done():
-            await r.close()
 
 
 def judged(group: str, cid: str, eid: str, turn: int, rating: str) -> tuple[bytes, bytes]:

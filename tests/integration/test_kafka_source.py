@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +17,8 @@ from sidecar.config import SidecarConfig, load_config
 from sidecar.contract import Outcome, TurnContext
 from sidecar.source.journal import parse_metadata
 from sidecar.state.hooks import RecordingHooks
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.ports import free_port
 from tests.integration.kafka_support import produce_raw, produce_with_header_key, read_topic, result_keys, write_config
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
 
 
 def config(tmp_path: Path, bs: str, topic: str, **sections: Any) -> SidecarConfig:
@@ -77,15 +69,6 @@ class Running:
     async def close(self) -> None:
         self.stop.set()
         await asyncio.wait_for(self.task, 60)
-
-
-@pytest.fixture
-async def running() -> AsyncIterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for r in started:
-        if not r.task.done():
-            await r.close()
 
 
 async def committed(bs: str, group: str, topic: str) -> dict[int, tuple[int, str]]:

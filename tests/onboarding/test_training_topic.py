@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from sidecar.config import SidecarConfig
 from sidecar.contract import Effect, TurnContext
 from sidecar.source.config import KafkaConfig
 from sidecar.telemetry.labels import AgentLabels
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.training_store.config import TrainingStoreConfig
 from sidecar.training_store.topic import KafkaTrainingStoreSink, record_key
 from sidecar.transcript.model import Message, ToolCall
@@ -298,12 +296,6 @@ def test_specs_name_the_topic_or_take_it_from_the_sidecar_config(tmp_path: Path)
 
 
 # -- on librdkafka's mock cluster ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
 
 
 async def test_written_by_two_sinks_read_once_per_conversation_on_the_mock_cluster(kafka: str) -> None:

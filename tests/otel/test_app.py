@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -13,28 +12,12 @@ import pytest
 
 from sidecar.config import load_config
 from sidecar.evaluations.results import record_id
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.ports import free_port
 from tests.evaluations.receivers import OtlpReceiver
 from tests.evaluations.test_restart import Verdicts
 from tests.integration.kafka_support import read_topic, result_keys, write_config
 from tests.integration.test_kafka_source import Running
 from tests.otel.spans import chat_attrs, conversation, encode, make_span, model_calls, new_id, traces
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
-
-
-@pytest.fixture
-async def running() -> AsyncIterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for r in started:
-        if not r.task.done():
-            await r.close()
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry
 from sidecar.otel import build_doors
 from sidecar.otel.config import OtelConfig
 from sidecar.source.config import KafkaConfig
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from tests.integration.kafka_support import read_topic
 from tests.otel.booking import AGENT, CONVERSATION, fake_openai_server, native_messages, run_booking_agent
 from tests.otel.spans import decoded, dedup, native_events
@@ -32,12 +31,6 @@ pytest.importorskip("openai")
 pytest.importorskip("opentelemetry.instrumentation.openai_v2")
 
 WAIT_SECONDS = 60.0
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
 
 
 async def wait_for(condition: Callable[[], bool], what: str) -> None:

@@ -14,14 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sidecar.config import load_config
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.ports import free_port
 from tests.evaluations.receivers import OtlpReceiver
 from tests.integration.kafka_support import REPO, read_topic, write_config
@@ -34,12 +32,6 @@ CONVERSATIONS = 1  # per instrumentation
 TURNS = 2
 PER_CONVERSATION = 2 * TURNS + 1  # evaluation results
 TOKEN = "e2e-token"
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
 
 
 async def run_agent(instrumentation: str, vllm: VllmServer, endpoint: str, out: Path) -> dict[str, Any]:

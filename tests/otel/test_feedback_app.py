@@ -4,7 +4,6 @@ pipeline, is counted against the alert it names, and a retried request changes n
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -13,26 +12,10 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from sidecar.alerting.alert import alert_id
 from sidecar.config import load_config
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.ports import free_port
 from tests.integration.kafka_support import read_topic, write_config
 from tests.integration.test_kafka_source import Running
 from tests.otel.spans import any_value, chat_attrs, conversation, encode, make_span, model_calls, traces
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
-
-
-@pytest.fixture
-async def running() -> AsyncIterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for r in started:
-        if not r.task.done():
-            await r.close()
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -19,7 +19,6 @@ from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.producer import OtelEventProducer
 from sidecar.otel.receiver import OtlpHttpReceiver
 from sidecar.source.config import KafkaConfig
-from sidecar.tools.demo.mock_cluster import MockKafkaCluster
 from sidecar.tools.ports import free_port
 from tests.integration.kafka_support import produce_raw, read_topic
 from tests.otel.spans import (
@@ -34,12 +33,6 @@ from tests.otel.spans import (
     new_id,
     traces,
 )
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[str]:
-    with MockKafkaCluster(1) as cluster:
-        yield cluster.bootstrap_servers
 
 
 def kafka_config(bootstrap: str, topic: str) -> KafkaConfig:
