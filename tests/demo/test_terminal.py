@@ -145,6 +145,7 @@ def test_the_screen_tells_the_story_and_ctrl_c_leaves_the_same_figures(terminal:
     [port] = set(re.findall(r"http://127\.0\.0\.1:(\d+)/escalations", screen))
     for page in ("escalations", "clusters", "metrics", "readyz"):
         assert f"http://127.0.0.1:{port}/{page}" in screen
+    assert re.search(rf"http://127\.0\.0\.1:{port}/\s+the overview", screen), screen
     [log_file] = re.findall(r"^(/\S+sidecar-demo-\d+\.log) ", screen, re.MULTILINE)
     # Logs went to the file named on screen, not through the panel; no progress bar broke it up.
     assert '"event"' not in screen and "it/s]" not in screen and "%|" not in screen
@@ -169,3 +170,4 @@ def test_the_screen_tells_the_story_and_ctrl_c_leaves_the_same_figures(terminal:
         )
     for page in ("escalations", "clusters", "metrics", "readyz"):
         assert f"http://127.0.0.1:{port}/{page}" in summary
+    assert re.search(rf"http://127\.0\.0\.1:{port}/\s+the overview", summary), summary

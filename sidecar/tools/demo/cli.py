@@ -307,7 +307,7 @@ async def _replay(
                 log_file.echo = display.note
             display.on_first_goal = lambda seconds: display.note(f"first goal named {seconds:.0f} s after the start")
             display.note(f"mock Kafka at {config.kafka.bootstrap_servers}, topic {config.kafka.topic}")
-            display.note(f"metrics at {url}/metrics, pages at {url}/escalations and {url}/clusters; Ctrl-C to stop")
+            display.note(f"overview at {url}/, metrics at {url}/metrics; Ctrl-C to stop")
             if not await _wait_ready(ready, stop, app, display):
                 return await _finish(app, stop, display)
             return await _produce_then_finish(config, args, records, app, stop, display=display)

@@ -31,6 +31,7 @@ RATE_SETTLE_SECONDS: Final = 5.0
 MAX_GOAL_ROWS: Final = 8
 # The pages of the operator listener the screen names (the listener serves them; see docs/demo.md).
 PAGES: Final = (
+    ("", "the overview: completion rate, alerts by kind, latest escalations, goals, readiness"),
     ("escalations", "recent alerts; an uncertain turn's response tree at /trees/<alert id>"),
     ("clusters", "goal clusters, their names, sizes and completion rates"),
     ("metrics", "every figure above, for Prometheus"),
