@@ -22,12 +22,9 @@ conversation's last model call is placed after its messages.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 import msgspec
 import structlog
@@ -35,32 +32,37 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogsData
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
 
 from sidecar.errors import DecodeError
-from sidecar.events import MAX_ID_CHARS, SpanRef, decode_event
+from sidecar.events import SpanRef, decode_event
 from sidecar.otel.config import OtelConfig
-from sidecar.otel.dialects import Attributes, Limits, is_llm_span, read_history, string_attr
+from sidecar.otel.dialects import Attributes, Limits, is_llm_span, read_history
 from sidecar.otel.ends import END_DIGEST, EndSignals
 from sidecar.otel.errors import OtelRefused
-from sidecar.otel.feedback import FeedbackEvent, read_feedback
+from sidecar.otel.feedback import read_feedback
+from sidecar.otel.found import (
+    AGENT_KEYS,
+    CONVERSATION_KEYS,
+    ChatSpan,
+    Derived,
+    EndSpan,
+    FeedbackSpan,
+    Found,
+    HeldChat,
+    HeldContent,
+    Orphan,
+    Trace,
+    agent_label,
+    check_conversation_id,
+    event_id,
+    first_attr,
+    span_ref,
+)
 from sidecar.otel.history import HistoryTracker
 from sidecar.otel.logs import SpanKey, has_reference, read_logs
-from sidecar.otel.messages import OtelMessage
 from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.refusals import RefusalLog
 from sidecar.otel.span_events import read_event_history
 
 log = structlog.get_logger(__name__)
-
-#: Where a conversation id is looked for, first match wins.
-CONVERSATION_KEYS = (
-    "gen_ai.conversation.id",
-    "session.id",  # OpenInference
-    "langfuse.session.id",
-    "traceloop.association.properties.session_id",  # OpenLLMetry's association properties
-)
-AGENT_KEYS = ("gen_ai.agent.name", "agent.name")
-# How far up the parent chain an id is looked for (a chat span is rarely more than a few levels
-# below its invoke_agent span; the bound keeps a cyclic or hostile parent chain cheap).
-MAX_ANCESTORS = 64
 
 # The doors whose chat spans wait for the earlier model calls they read: the bridge, which reads a
 # backlog over several partitions and polls. The receiver reads spans in the order the app exported
@@ -68,178 +70,7 @@ MAX_ANCESTORS = 64
 WAITS_FOR_EARLIER_CALLS = frozenset({"bridge"})
 # Spans remembered as read, so content arriving later as log records is known as a copy.
 DONE_SPANS = 100_000
-# Spans of one trace kept for its held spans' ancestor lookups (a bound against a hostile trace).
-MAX_TRACE_SPANS = 10_000
-
-_AGENT_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
 _ENCODER = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class ChatSpan:
-    """One model call's history with the conversation it belongs to."""
-
-    conversation_id: str
-    agent: str | None
-    history: list[OtelMessage]
-    start_ns: int
-    end_ns: int
-    span: SpanRef | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EndSpan:
-    """A span that ends its conversation (``otel.conversation_end``)."""
-
-    conversation_id: str
-    agent: str | None
-    end_ns: int
-    span: SpanRef | None
-
-
-@dataclass(frozen=True, slots=True)
-class FeedbackSpan:
-    """A ``sidecar.feedback`` span event with its conversation (:mod:`sidecar.otel.feedback`)."""
-
-    conversation_id: str
-    agent: str | None
-    event: FeedbackEvent
-    span: SpanRef | None
-
-
-@dataclass(slots=True)
-class HeldChat:
-    """A chat span waiting for the model calls whose replies it reads (``otel.hold.earlier_calls_seconds``)."""
-
-    chat: ChatSpan
-    deadline: float
-    door: str
-    source: Hashable | None
-    held: bool = False
-
-
-@dataclass(slots=True)
-class Orphan:
-    """A chat span with content and no conversation id yet, waiting for its parent
-    (``otel.hold.parent_seconds``)."""
-
-    span: Span
-    attrs: Attributes
-    deadline: float
-    door: str
-    source: Hashable | None
-    wait: str = "parent"  # or "logs": a model call without content, waiting for its log records
-
-
-@dataclass(slots=True)
-class HeldContent:
-    """GenAI content read from log records, waiting for its span (``otel.hold.logs_seconds``)."""
-
-    deadline: float
-    events: list[Span.Event]
-    door: str
-    source: Hashable | None
-
-
-@dataclass(slots=True)
-class Found:
-    """What a door's input holds: chat spans (oldest first), end signals, people's feedback, and the
-    count of the rest."""
-
-    chats: list[HeldChat] = field(default_factory=list)
-    ends: list[EndSpan] = field(default_factory=list)
-    feedback: list[FeedbackSpan] = field(default_factory=list)
-    ignored: int = 0
-
-
-@dataclass(slots=True)
-class Derived:
-    """What a door's input yields: records to produce, what was refused, what became of end signals."""
-
-    records: list[tuple[bytes, bytes]] = field(default_factory=list)
-    conversations: set[str] = field(default_factory=set)
-    refused: Counter[str] = field(default_factory=Counter)
-    chat_spans: int = 0
-    end_spans: int = 0
-    feedback_events: int = 0
-    ends: Counter[str] = field(default_factory=Counter)  # sidecar_otel_conversation_ends_total outcomes
-
-    @property
-    def rejected_spans(self) -> int:
-        return sum(self.refused.values())
-
-
-def event_id(conversation_id: str, seq: int, digest: bytes) -> str:
-    """The idempotency key of the message at ``seq``: the same span always yields the same ids."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(conversation_id.encode("utf-8", "surrogatepass"))
-    h.update(b"\x00%d\x00" % seq)
-    h.update(digest)
-    return "otel-" + h.hexdigest()
-
-
-def agent_label(name: str | None) -> str | None:
-    """The contract's agent pattern (``[A-Za-z0-9_.:-]{1,64}``): other characters become ``_``."""
-    if not name:
-        return None
-    return _AGENT_CHARS.sub("_", name[:64]) or None
-
-
-def span_ref(span: Span) -> SpanRef | None:
-    """The span's ids as the contract writes them; ``None`` when they are not valid OpenTelemetry ids
-    (wrong length or all zeros: the events then carry none rather than being refused)."""
-    if len(span.trace_id) != 16 or len(span.span_id) != 8:
-        return None
-    if not span.trace_id.strip(b"\x00") or not span.span_id.strip(b"\x00"):
-        return None
-    return SpanRef(span.trace_id.hex(), span.span_id.hex())
-
-
-def check_conversation_id(value: str) -> str:
-    if not value or len(value) > MAX_ID_CHARS:
-        raise OtelRefused("invalid_conversation_id", f"length {len(value)}; must be 1 to {MAX_ID_CHARS} characters")
-    if not value.isprintable():
-        raise OtelRefused("invalid_conversation_id", "contains control or separator characters")
-    return value
-
-
-class _Trace:
-    """The spans of one trace in one payload: parent links and who carries ids."""
-
-    __slots__ = ("agent", "conversation", "parents")
-
-    def __init__(self) -> None:
-        self.parents: dict[bytes, tuple[bytes, Attributes]] = {}
-        self.conversation: str | None = None
-        self.agent: str | None = None
-
-    def add(self, span: Span, attrs: Attributes) -> None:
-        if len(self.parents) < MAX_TRACE_SPANS:
-            self.parents[span.span_id] = (span.parent_span_id, attrs)
-        if self.conversation is None:
-            self.conversation = _first(attrs, CONVERSATION_KEYS)
-        if self.agent is None:
-            self.agent = _first(attrs, AGENT_KEYS)
-
-    def lookup(self, span: Span, keys: tuple[str, ...], fallback: str | None) -> str | None:
-        parent = span.parent_span_id
-        for _ in range(MAX_ANCESTORS):
-            entry = self.parents.get(parent)
-            if entry is None:
-                break
-            parent, parent_attrs = entry
-            found = _first(parent_attrs, keys)
-            if found is not None:
-                return found
-        return fallback
-
-
-def _first(attrs: Attributes, keys: tuple[str, ...]) -> str | None:
-    for key in keys:
-        value = string_attr(attrs, key)
-        if value is not None:
-            return value
-    return None
 
 
 class OtelIngest:
@@ -266,7 +97,7 @@ class OtelIngest:
         self._held: list[HeldChat] = []
         self._held_ends: list[tuple[str, EndSpan]] = []  # (door, end of a conversation with held spans)
         self._orphans: list[Orphan] = []
-        self._orphan_traces: dict[bytes, _Trace] = {}
+        self._orphan_traces: dict[bytes, Trace] = {}
         # GenAI content read from log records, waiting for its span: (deadline, events)
         self._content: dict[SpanKey, HeldContent] = {}
         # spans whose history was read, so their content arriving later as logs is a copy
@@ -317,7 +148,7 @@ class OtelIngest:
         refusals are added to ``refused`` (nothing is counted in metrics here). A chat span without a
         conversation id waits for its parent (``otel.hold.parent_seconds``) when holds are on."""
         found = found if found is not None else Found()
-        traces: dict[bytes, _Trace] = {}
+        traces: dict[bytes, Trace] = {}
         candidates: list[tuple[Span, Attributes]] = []
         for rs in data.resource_spans:
             for ss in rs.scope_spans:
@@ -326,7 +157,7 @@ class OtelIngest:
                     trace = traces.get(span.trace_id)
                     if trace is None:
                         # a trace with held spans keeps growing: a late parent is found there
-                        trace = self._orphan_traces.get(span.trace_id) or _Trace()
+                        trace = self._orphan_traces.get(span.trace_id) or Trace()
                         traces[span.trace_id] = trace
                     trace.add(span, span_attrs)
                     candidates.append((span, span_attrs))
@@ -442,7 +273,7 @@ class OtelIngest:
             if o.door != door:
                 keep.append(o)
                 continue
-            trace = self._orphan_traces.get(o.span.trace_id) or _Trace()
+            trace = self._orphan_traces.get(o.span.trace_id) or Trace()
             self._attach_content(o.span)
             try:
                 chat = self._chat_span(o.span, o.attrs, trace)
@@ -477,14 +308,14 @@ class OtelIngest:
         # the last message is the call's own output; an assistant message before it is an earlier call's
         return any(m.role == "assistant" for m in chat.history[known:-1])
 
-    def _ids(self, span: Span, attrs: Attributes, trace: _Trace) -> tuple[str, str | None]:
-        conversation = _first(attrs, CONVERSATION_KEYS) or trace.lookup(span, CONVERSATION_KEYS, trace.conversation)
+    def _ids(self, span: Span, attrs: Attributes, trace: Trace) -> tuple[str, str | None]:
+        conversation = first_attr(attrs, CONVERSATION_KEYS) or trace.lookup(span, CONVERSATION_KEYS, trace.conversation)
         if conversation is None:
             raise OtelRefused("no_conversation_id", "none of " + ", ".join(CONVERSATION_KEYS))
-        agent = _first(attrs, AGENT_KEYS) or trace.lookup(span, AGENT_KEYS, trace.agent)
+        agent = first_attr(attrs, AGENT_KEYS) or trace.lookup(span, AGENT_KEYS, trace.agent)
         return check_conversation_id(conversation), agent_label(agent)
 
-    def _chat_span(self, span: Span, attrs: Attributes, trace: _Trace) -> ChatSpan | None:
+    def _chat_span(self, span: Span, attrs: Attributes, trace: Trace) -> ChatSpan | None:
         history = read_history(attrs, self._limits)
         if history is None and span.events and is_llm_span(attrs):
             # the older per-message events; only on model calls (an agent span repeats its turn there)
@@ -505,7 +336,7 @@ class OtelIngest:
             span_ref(span),
         )
 
-    def _feedback(self, span: Span, attrs: Attributes, trace: _Trace, refused: Counter[str]) -> list[FeedbackSpan]:
+    def _feedback(self, span: Span, attrs: Attributes, trace: Trace, refused: Counter[str]) -> list[FeedbackSpan]:
         out = []
         for event in read_feedback(span):
             try:
@@ -520,7 +351,7 @@ class OtelIngest:
             out.append(FeedbackSpan(cid, agent, event, span_ref(span)))
         return out
 
-    def _end_span(self, span: Span, attrs: Attributes, trace: _Trace) -> EndSpan:
+    def _end_span(self, span: Span, attrs: Attributes, trace: Trace) -> EndSpan:
         conversation, agent = self._ids(span, attrs, trace)
         return EndSpan(conversation, agent, span.end_time_unix_nano or span.start_time_unix_nano, span_ref(span))
 

@@ -40,7 +40,8 @@ from sidecar.lifecycle import Health
 from sidecar.otel.config import OtlpReceiverConfig
 from sidecar.otel.decode import Encoding, decode_logs_request, decode_request, gunzip
 from sidecar.otel.errors import OtelRefused
-from sidecar.otel.ingest import Derived, OtelIngest
+from sidecar.otel.found import Derived
+from sidecar.otel.ingest import OtelIngest
 from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.producer import KafkaUnavailable, OtelEventProducer
 from sidecar.otel.refusals import explain

@@ -15,7 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.otel.config import OtelConfig, OtlpReceiverConfig
-from sidecar.otel.ingest import Derived, OtelIngest
+from sidecar.otel.found import Derived
+from sidecar.otel.ingest import OtelIngest
 from sidecar.otel.metrics import OtelMetrics
 from sidecar.otel.receiver import OtlpHttpReceiver
 from sidecar.otel.work import work_for
