@@ -106,12 +106,7 @@ def decode_logs_request(payload: bytes, encoding: Encoding, *, max_bytes: int, m
 
 
 def _decode_json_logs(payload: bytes) -> LogsData:
-    try:
-        raw = json.loads(payload)
-    except (ValueError, RecursionError):
-        raise OtelRefused("invalid_json", "JSON syntax") from None
-    if not isinstance(raw, dict):
-        raise OtelRefused("invalid_json", "top level is not an object")
+    raw = _json_object(payload)
     try:
         for rl in _objects(raw.get("resourceLogs", raw.get("resource_logs"))):
             for sl in _objects(rl.get("scopeLogs", rl.get("scope_logs"))):
@@ -140,12 +135,7 @@ def _decode_proto(payload: bytes) -> TracesData:
 
 
 def _decode_json(payload: bytes) -> TracesData:
-    try:
-        raw = json.loads(payload)
-    except (ValueError, RecursionError):
-        raise OtelRefused("invalid_json", "JSON syntax") from None
-    if not isinstance(raw, dict):
-        raise OtelRefused("invalid_json", "top level is not an object")
+    raw = _json_object(payload)
     try:
         _hex_ids_to_base64(raw)
         data = TracesData()
@@ -176,3 +166,14 @@ def _fix_ids(obj: dict[str, Any]) -> None:
                 obj[name] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
             except ValueError:
                 raise OtelRefused("invalid_json", f"{name} is not hex") from None
+
+
+def _json_object(payload: bytes) -> dict[str, Any]:
+    """The body as a JSON object; its syntax, or a top level that is not an object, is refused."""
+    try:
+        raw = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise OtelRefused("invalid_json", "JSON syntax") from None
+    if not isinstance(raw, dict):
+        raise OtelRefused("invalid_json", "top level is not an object")
+    return raw
